@@ -1,0 +1,145 @@
+"""A Hugging Face model directory, read safely: config, safetensors shards, index, tokenizer.
+
+Pickle checkpoints are refused without being opened. Shard headers are validated strictly, the
+index must name exactly the tensors the shards hold, and a tensor name may appear only once
+across shards. Packed low-bit tensors are presented under their logical name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from worker.errors import SourceError
+from worker.formats import packed
+from worker.formats.safetensors_strict import SafetensorsFile, read_safetensors, to_float32
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceTensor:
+    """One logical source tensor: stored plainly or packed."""
+
+    name: str
+    dtype: str  # "F32", "F16", "BF16", ... or "PACKED<bits>"
+    shape: tuple[int, ...]
+    file: SafetensorsFile
+    packing: packed.PackedSpec | None = None
+
+    @property
+    def is_float(self) -> bool:
+        return self.packing is not None or self.dtype in ("F32", "F16", "BF16", "F64")
+
+    def as_rows(self) -> np.ndarray:
+        """Stored values as a 2-D array of rows (last dim is the row), memory-mapped when plain."""
+        values = packed.decode(self.file, self.packing) if self.packing else self.file.array(self.name)
+        return values.reshape(-1, self.shape[-1] if self.shape else 1)
+
+    def widen(self, chunk: np.ndarray) -> np.ndarray:
+        """Rows of `as_rows()` widened to contiguous float32 (exact for F16/BF16)."""
+        values = chunk if self.packing else to_float32(chunk, self.dtype)
+        return np.ascontiguousarray(values, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    root: Path
+    config: Mapping[str, Any]
+    tensors: Mapping[str, SourceTensor]
+    files: tuple[Path, ...] = field(default=())
+
+    def read_json(self, relative: str) -> Any | None:
+        """A JSON file of the model directory, or None when absent."""
+        path = self.root / relative
+        if not path.is_file():
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _refuse_pickles(root: Path) -> None:
+    unsafe = sorted(p.name for p in root.rglob("*") if p.suffix.lower() in PICKLE_SUFFIXES and p.is_file())
+    if unsafe:
+        raise SourceError("source.unsafe_format", f"pickle checkpoint(s) refused, never loaded: {', '.join(unsafe)}")
+
+
+def _shards(root: Path) -> list[Path]:
+    index_path = root / INDEX_NAME
+    shards = sorted(root.glob("*.safetensors"))
+    if not index_path.is_file():
+        return shards
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise SourceError("source.index_mismatch", f"{INDEX_NAME} has no weight_map") from exc
+    named = sorted({root / shard for shard in weight_map.values()})
+    missing = [p.name for p in named if not p.is_file()]
+    if missing:
+        raise SourceError("source.index_mismatch", f"{INDEX_NAME} names missing shards: {', '.join(missing)}")
+    return named
+
+
+def _check_index(root: Path, owner: dict[str, str]) -> None:
+    index_path = root / INDEX_NAME
+    if not index_path.is_file():
+        return
+    weight_map: dict[str, str] = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+    for name in sorted(set(weight_map) | set(owner)):
+        if weight_map.get(name) != owner.get(name):
+            raise SourceError(
+                "source.index_mismatch",
+                f"index puts {name!r} in {weight_map.get(name)!r}, the shards hold it in {owner.get(name)!r}",
+                name,
+            )
+
+
+def _logical_tensors(file: SafetensorsFile) -> dict[str, SourceTensor]:
+    specs = packed.packed_specs(file)
+    parts = {f"{name}.{part}" for name in specs for part in packed.PACKED_PARTS}
+    tensors = {
+        name: SourceTensor(name, entry.dtype, entry.shape, file)
+        for name, entry in file.entries.items()
+        if name not in parts
+    }
+    for name, spec in specs.items():
+        tensors[name] = SourceTensor(name, f"PACKED{spec.bits}", spec.shape, file, spec)
+    return tensors
+
+
+def open_source(root: Path) -> SourceModel:
+    """Open and validate a Hugging Face model directory."""
+    if not root.is_dir():
+        raise SourceError("source.missing", f"{root} is not a directory")
+    _refuse_pickles(root)
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise SourceError("source.missing", "config.json is missing")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SourceError("source.bad_config", f"config.json is not JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise SourceError("source.bad_config", "config.json is not a JSON object")
+    shard_paths = _shards(root)
+    if not shard_paths:
+        raise SourceError("source.missing", "no .safetensors weights in the source directory")
+    tensors: dict[str, SourceTensor] = {}
+    owner: dict[str, str] = {}
+    for path in shard_paths:
+        file = read_safetensors(path)
+        for name in file.entries:
+            if name in owner:
+                raise SourceError(
+                    "source.duplicate_tensor", f"{name!r} is in both {owner[name]} and {path.name}", name
+                )
+            owner[name] = path.name
+        tensors.update(_logical_tensors(file))
+    _check_index(root, owner)
+    return SourceModel(root, MappingProxyType(config), MappingProxyType(tensors), tuple(shard_paths))

@@ -1,0 +1,101 @@
+"""Gate 1 — storage: is every number in the GGUF the number the source model holds?
+
+Structure first (our bounded parser), then the source (strict safetensors), then inventory,
+metadata and per-tensor values, streaming one tensor chunk at a time from memory maps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from worker.blockers import Blocker
+from worker.errors import ReferenceMissingError, SourceError
+from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
+from worker.formats.source import open_source
+from worker.gates.architectures import architecture_for
+from worker.gates.inventory import take_inventory
+from worker.gates.metadata_check import check_metadata
+from worker.gates.tensor_values import check_tensor
+from worker.policy import Policy
+from worker.report import GateResult, TensorRow
+
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(label: str, done: int, total: int) -> None:
+    return None
+
+
+def _check_kinds(rows: list[TensorRow]) -> dict[str, dict[str, int]]:
+    """Per GGUF type, how many tensors were checked which way (for the summary and auditors)."""
+    kinds: dict[str, Counter[str]] = {}
+    for row in rows:
+        kinds.setdefault(row.gguf_type, Counter())[row.check] += 1
+    return {gguf_type: dict(counter) for gguf_type, counter in sorted(kinds.items())}
+
+
+def _failed(started: float, blockers: list[Blocker], **details: object) -> tuple[GateResult, list[Blocker]]:
+    result = GateResult(name="storage", status="failed", seconds=time.perf_counter() - started, details=details)
+    return result, blockers
+
+
+def validate_structure(artifact: Path) -> GGUFLayout | Blocker:
+    try:
+        return read_layout(artifact)
+    except GGUFStructureError as exc:
+        return Blocker(code=exc.code, gate="storage", why=exc.why, tensor=exc.tensor)
+
+
+def run_storage_gate(
+    artifact: Path, source_dir: Path, policy: Policy, progress: Progress = _no_progress
+) -> tuple[GateResult, list[Blocker]]:
+    started = time.perf_counter()
+    layout = validate_structure(artifact)
+    if isinstance(layout, Blocker):
+        return _failed(started, [layout], structure="invalid")
+    try:
+        source = open_source(source_dir)
+    except SourceError as exc:
+        return _failed(started, [Blocker(code=exc.code, gate="input", why=exc.why, tensor=exc.tensor)])
+    arch_name = str(layout.metadata.get("general.architecture", ""))
+    arch = architecture_for(arch_name, source.config)
+    if arch is None:
+        why = f"architecture {arch_name!r} has no name map (supported: bert, llama, qwen2, qwen3)"
+        return _failed(started, [Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)])
+    inventory = take_inventory(arch, layout, source)
+    metadata_checks, blockers = check_metadata(arch, layout, source)
+    blockers = list(inventory.blockers) + blockers
+    rows: list[TensorRow] = []
+    file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
+    total = len(inventory.pairs)
+    for done, pair in enumerate(inventory.pairs):
+        progress("storage", done, total)
+        info = layout.tensor(pair.gguf_name)
+        try:
+            row, tensor_blockers = check_tensor(file_bytes, info, source.tensors[pair.source_name], pair.transform,
+                                                policy)
+        except ReferenceMissingError as exc:
+            blockers.append(Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
+                                    tensor=info.name))
+            continue
+        rows.append(row)
+        blockers.extend(tensor_blockers)
+    progress("storage", total, total)
+    del file_bytes
+    details = {
+        "structure": "valid",
+        "gguf_version": layout.version,
+        "architecture": arch_name,
+        "tensor_count": len(layout.tensors),
+        "check_kinds": _check_kinds(rows),
+        "inventory": inventory.classification,
+        "metadata": [check.model_dump() for check in metadata_checks],
+        "tensors": [row.model_dump() for row in rows],
+    }
+    status = "failed" if blockers else "passed"
+    return GateResult(name="storage", status=status, seconds=time.perf_counter() - started, details=details), blockers

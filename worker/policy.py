@@ -1,0 +1,49 @@
+"""The one policy object: every threshold a verdict depends on, fixed before measuring.
+
+A policy is frozen, versioned and hashed; the hash goes into every report so an auditor can tell
+exactly which thresholds a verdict was held to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from worker.errors import UsageError
+
+
+class Policy(BaseModel):
+    """Verification thresholds. Defaults: token ids exact, min cosine 0.99, every top-1 equal."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str = "2026.11-1"
+    # gate 1
+    reproduce_quantized: bool = Field(
+        True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
+    )
+    tie_ulps: int = Field(4, ge=0, le=16, description="max ulps a source value may sit from a rounding tie")
+    reader_crosscheck_rows: int = Field(4, ge=2, le=64, description="rows per tensor dequantized by both readers")
+    # gate 2
+    token_ids_exact: bool = True
+    min_cosine: float = Field(0.99, ge=-1, le=1)
+    require_top1_equal: bool = True
+
+    def sha256(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def load_policy(path: Path | None) -> Policy:
+    """The default policy, or one read from a JSON file (unknown keys are refused)."""
+    if path is None:
+        return Policy()
+    try:
+        return Policy.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read policy {path}: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        raise UsageError(f"invalid policy {path}: {exc}") from exc

@@ -1,0 +1,72 @@
+"""The report contract: what a verification measured, what it concluded and what it did not verify."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.blockers import Blocker
+
+CheckKind = Literal["bit-exact", "reproduced", "bounded"]
+
+
+class TensorRow(BaseModel):
+    """One GGUF tensor against its source."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gguf_name: str
+    source_names: list[str]
+    transform: str | None
+    gguf_type: str
+    source_dtype: str
+    shape: list[int]
+    check: CheckKind
+    reproducer: str | None = None
+    input_precision: str | None = None
+    max_abs: float
+    rel_l2: float
+    mismatched: int
+    ties_forgiven: int = 0
+    not_finite: int = 0
+    signed_zero_flips: int = 0
+    bound: str | None = None
+    bound_violations: int | None = None
+    reader_crosscheck: Literal["agree", "disagree"] | None = None
+    result: Literal["ok", "fail"]
+
+
+class MetadataCheck(BaseModel):
+    key: str
+    expected: Any
+    actual: Any
+    origin: str
+    result: Literal["ok", "fail"]
+
+
+class GateResult(BaseModel):
+    name: Literal["storage", "runtime", "release"]
+    status: Literal["passed", "failed", "not_run"]
+    seconds: float = 0.0
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class FileDigest(BaseModel):
+    uri: str
+    sha256: str
+    size: int
+
+
+class Report(BaseModel):
+    """The JSON report. `verdict` is GO only when `blockers` is empty and every requested gate ran."""
+
+    verdict: Literal["GO", "NO-GO"]
+    blockers: list[Blocker]
+    gates: dict[str, GateResult]
+    policy: dict[str, Any]
+    artifact: FileDigest | None
+    files: list[FileDigest]
+    not_verified: list[str]
+    environment: dict[str, str]
+    timings: dict[str, float]
