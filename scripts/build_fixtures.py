@@ -36,7 +36,7 @@ def log(message: str) -> None:
 
 def pip_download(spec: str, dest: Path, *extra: str) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    name = spec.split("==")[0].replace("-", "_").lower()
+    name = spec.split("==", maxsplit=1)[0].replace("-", "_").lower()
     found = [p for p in dest.iterdir() if p.name.lower().startswith(name)]
     if not found:
         subprocess.check_call(

@@ -24,7 +24,6 @@ BLOCKER_CODES: dict[str, str] = {
     "gguf.bad_value_type": "a metadata value has an unknown type",
     "gguf.nested_array": "a metadata array holds arrays",
     "gguf.length_out_of_range": "a string or array length runs past the end of the file",
-    "gguf.bad_string": "a string is not valid UTF-8",
     "gguf.bad_alignment": "general.alignment is not a u32 power of two",
     "gguf.bad_tensor_name": "a tensor name is empty, too long or not valid UTF-8",
     "gguf.duplicate_tensor": "two tensors share a name",

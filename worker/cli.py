@@ -63,9 +63,10 @@ class _ProgressBars:
     """Rich progress bars on a TTY, nothing otherwise (CI logs stay readable)."""
 
     def __init__(self) -> None:
-        self.progress = Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                 TimeRemainingColumn(), console=stderr, transient=True,
-                                 disable=not stderr.is_terminal)
+        self.progress = Progress(
+            TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeRemainingColumn(), console=stderr, transient=True, disable=not stderr.is_terminal,
+        )
         self.tasks: dict[str, TaskID] = {}
 
     def __call__(self, label: str, done: int, total: int) -> None:

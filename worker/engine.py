@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from worker.blockers import Blocker
-from worker.digests import digest_file, digest_tree, sha256_file
+from worker.digests import digest_tree, sha256_file
 from worker.gates.storage import Progress, _no_progress, run_storage_gate
 from worker.policy import Policy
 from worker.report import FileDigest, GateResult, Report
@@ -96,4 +96,4 @@ def verify(request: VerifyRequest, policy: Policy, progress: Progress = _no_prog
     )
 
 
-__all__ = ["VerifyRequest", "digest_file", "environment", "verify"]
+__all__ = ["VerifyRequest", "environment", "verify"]

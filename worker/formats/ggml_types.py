@@ -61,6 +61,8 @@ _TYPES = (
     GGMLType(34, "TQ1_0", 256, 54),
     GGMLType(35, "TQ2_0", 256, 66),
     GGMLType(39, "MXFP4", 32, 17),
+    GGMLType(40, "NVFP4", 64, 36),
+    GGMLType(41, "Q1_0", 128, 18),
 )
 
 GGML_TYPES: dict[int, GGMLType] = {t.id: t for t in _TYPES}

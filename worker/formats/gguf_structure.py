@@ -266,6 +266,11 @@ def _place_tensors(
             raise GGUFStructureError(
                 "gguf.offset_misaligned", f"tensor {name!r} offset {rel_offset} is not a multiple of {alignment}", name
             )
+        start = data_offset + rel_offset
+        if start > file_size:
+            raise GGUFStructureError(
+                "gguf.tensor_out_of_bounds", f"tensor {name!r} starts at {start}, past the end ({file_size})", name
+            )
         if previous is not None:
             prev_start = previous.offset - data_offset
             prev_end = prev_start + previous.nbytes
@@ -281,11 +286,6 @@ def _place_tensors(
                 )
         elif rel_offset != 0:
             raise GGUFStructureError("gguf.tensor_gap", f"first tensor {name!r} starts at {rel_offset}, not 0", name)
-        start = data_offset + rel_offset
-        if start > file_size:
-            raise GGUFStructureError(
-                "gguf.tensor_out_of_bounds", f"tensor {name!r} starts at {start}, past the end ({file_size})", name
-            )
         if start + nbytes > file_size:
             raise GGUFStructureError(
                 "gguf.truncated", f"tensor {name!r} needs {nbytes} bytes, {file_size - start} are left", name
