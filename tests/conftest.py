@@ -1,0 +1,65 @@
+"""Shared test helpers: where the built fixtures are, defect copies, running gate 1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worker.engine import VerifyRequest, verify
+from worker.formats.gguf_structure import read_layout
+from worker.policy import Policy
+from worker.report import Report
+
+REPO = Path(__file__).resolve().parent.parent
+MINILM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
+
+
+def fixtures_root() -> Path:
+    return Path(os.environ.get("CONVGATE_FIXTURES", REPO / ".fixtures"))
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The MiniLM fixture folder (source/ and minilm-<TYPE>.gguf), built by scripts/build_fixtures.py."""
+    root = fixtures_root() / "minilm"
+    if not (root / "minilm-Q6_K.gguf").exists():
+        pytest.skip("MiniLM fixtures are not built (run: python3 dev.py setup)")
+    return root
+
+
+@pytest.fixture(scope="session")
+def smollm() -> Path:
+    path = fixtures_root() / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.skip("SmolLM2 fixture is not built (run: python3 dev.py setup)")
+    return path
+
+
+def run_gate1(source: Path, artifact: Path, policy: Policy | None = None) -> Report:
+    request = VerifyRequest(source=source, artifact=artifact, artifact_uri=artifact.as_uri(), gates=frozenset({1}))
+    return verify(request, policy or Policy())
+
+
+def defect_copy(src: Path, dst_dir: Path, tensor: str, mutate: Callable[[np.ndarray], None]) -> Path:
+    """Copy `src` and let `mutate` edit one tensor's raw bytes in place (shape unchanged)."""
+    dst = dst_dir / f"defect-{tensor}-{src.name}"
+    shutil.copyfile(src, dst)
+    info = read_layout(dst).tensor(tensor)
+    data = np.memmap(dst, dtype=np.uint8, mode="r+", offset=info.offset, shape=(info.nbytes,))
+    mutate(data)
+    data.flush()
+    del data
+    return dst
+
+
+def codes(report: Report) -> set[str]:
+    return {blocker.code for blocker in report.blockers}
+
+
+def blocked_tensors(report: Report, code: str) -> set[str | None]:
+    return {blocker.tensor for blocker in report.blockers if blocker.code == code}
