@@ -83,6 +83,9 @@ def _shards(root: Path) -> list[Path]:
     missing = [p.name for p in named if not p.is_file()]
     if missing:
         raise SourceError("source.index_mismatch", f"{INDEX_NAME} names missing shards: {', '.join(missing)}")
+    stray = sorted(p.name for p in set(shards) - set(named))
+    if stray:
+        raise SourceError("source.index_mismatch", f"shards not in {INDEX_NAME}: {', '.join(stray)}")
     return named
 
 

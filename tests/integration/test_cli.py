@@ -1,0 +1,118 @@
+"""The CLI contract: last stdout line exactly GO/NO-GO, exit 0 / 1 / 2, no traceback on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.gguf_bytes import GGUFBytes
+
+pytestmark = pytest.mark.slow
+CONVGATE = [sys.executable, "-m", "worker"]
+
+
+def convgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CONVGATE, "verify", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def last_line(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout.rstrip("\n").splitlines()[-1]
+
+
+def test_go_exits_zero_with_report(minilm, tmp_path):
+    report = tmp_path / "r.json"
+    result = convgate("--source", minilm / "source", "--artifact", minilm / "minilm-Q4_K_M.gguf",
+                      "--gates", "1", "--report", report)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_line(result) == "GO"
+    document = json.loads(report.read_text())
+    assert document["verdict"] == "GO"
+    assert document["policy"]["sha256"] and document["environment"]["gguf"]
+    assert document["artifact"]["size"] == (minilm / "minilm-Q4_K_M.gguf").stat().st_size
+    assert {f["uri"].rsplit("/", 1)[-1] for f in document["files"]} >= {"model.safetensors", "config.json"}
+
+
+def test_unimplemented_gates_are_blockers_not_silent_go(minilm):
+    result = convgate("--source", minilm / "source", "--artifact", minilm / "minilm-F32.gguf", "--json")
+    assert result.returncode == 1
+    assert last_line(result) == "NO-GO"
+    document = json.loads(result.stdout.rsplit("\n", 2)[0])
+    assert [b["code"] for b in document["blockers"]] == ["gate.not_run", "gate.not_run"]
+
+
+def test_wrong_sha256_is_no_go_and_the_file_is_not_used(minilm):
+    result = convgate("--source", minilm / "source", "--artifact", minilm / "minilm-F16.gguf",
+                      "--gates", "1", "--sha256", "0" * 64)
+    assert result.returncode == 1 and last_line(result) == "NO-GO"
+    assert "artifact.sha256_mismatch" in result.stdout
+    assert "gate storage  not_run" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [("bad-magic", GGUFBytes(magic=b"GGML").build()), ("truncated", GGUFBytes().build()[:10]),
+     ("huge-array", GGUFBytes(kvs=[b"\x01\0\0\0\0\0\0\0k\x09\0\0\0\0\0\0\0" + (1 << 40).to_bytes(8, "little")]).build())],
+)
+def test_malformed_artifact_is_no_go_without_traceback(minilm, tmp_path, name, raw):
+    artifact = tmp_path / f"{name}.gguf"
+    artifact.write_bytes(raw)
+    result = convgate("--source", minilm / "source", "--artifact", artifact, "--gates", "1")
+    assert result.returncode == 1 and last_line(result) == "NO-GO"
+    assert "gguf." in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_pickle_source_is_no_go(minilm, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(minilm / "source", source)
+    (source / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    result = convgate("--source", source, "--artifact", minilm / "minilm-F16.gguf", "--gates", "1")
+    assert result.returncode == 1 and last_line(result) == "NO-GO"
+    assert "source.unsafe_format" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--source", "/nonexistent", "--artifact", "x.gguf"),
+     ("--source", ".", "--artifact", "https://example.invalid/x.gguf"),
+     ("--source", ".", "--artifact", "pyproject.toml", "--gates", "4")],
+    ids=["missing source", "unsupported scheme", "bad gates"],
+)
+def test_usage_errors_exit_two(args):
+    result = convgate(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+
+
+def test_invalid_policy_file_exits_two(minilm, tmp_path):
+    policy = tmp_path / "policy.json"
+    policy.write_text('{"min_cosine": 7}')
+    result = convgate("--source", minilm / "source", "--artifact", minilm / "minilm-F16.gguf", "--policy", policy)
+    assert result.returncode == 2 and "invalid policy" in result.stderr
+
+
+# Peak-RSS budget of `convgate verify --gates 1` on the 87 MiB F32 MiniLM conversion. The
+# interpreter with numpy/gguf/pydantic is ~110 MiB; mapped file pages touched while streaming
+# count too. Loading source and GGUF fully into memory would add ~180 MiB on top.
+RSS_BUDGET_MIB = 330
+
+
+def peak_rss_mib(args: list[str]) -> tuple[int, float]:
+    """Exit code and exact peak RSS (kernel's ru_maxrss) of a child process."""
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, usage.ru_maxrss / 1024
+
+
+def test_gate1_streams_within_memory_budget(minilm):
+    code, peak = peak_rss_mib([*CONVGATE, "verify", "--source", str(minilm / "source"),
+                               "--artifact", str(minilm / "minilm-F32.gguf"), "--gates", "1"])
+    assert code == 0
+    assert 0 < peak < RSS_BUDGET_MIB, f"peak RSS {peak:.0f} MiB"

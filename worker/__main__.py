@@ -1,0 +1,5 @@
+"""`python -m worker` runs the convgate CLI."""
+
+from worker.cli import app
+
+app()
