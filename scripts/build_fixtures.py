@@ -13,13 +13,14 @@ half-written fixture behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -107,6 +108,20 @@ def convert(tree: Path, source: Path, outtype: str, target: Path) -> Path:
     return produce(target, run)
 
 
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """llama.cpp logs every tensor to fd 2; keep CI logs readable."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def quantize(base: Path, qtype: str, target: Path) -> Path:
     def run(tmp: Path) -> None:
         import llama_cpp
@@ -114,7 +129,9 @@ def quantize(base: Path, qtype: str, target: Path) -> Path:
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = QUANT_FTYPES[qtype]
         params.nthread = os.cpu_count() or 1
-        if llama_cpp.llama_model_quantize(str(base).encode(), str(tmp).encode(), params) != 0:
+        with quiet_native_stderr():
+            status = llama_cpp.llama_model_quantize(str(base).encode(), str(tmp).encode(), params)
+        if status != 0:
             raise RuntimeError(f"llama_model_quantize failed for {qtype}")
 
     return produce(target, run)
@@ -145,10 +162,45 @@ def build_smollm(cache: Path) -> None:
     produce(out / name, unpack)
 
 
-BUILDERS: dict[str, Callable[[Path], None]] = {"minilm": build_minilm, "smollm2": build_smollm}
+TINY_LLAMA_CONFIG = {
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+}
+
+
+def build_tiny_llama(cache: Path) -> None:
+    """A small random llama (GQA: 4 heads, 2 KV heads) with a real tokenizer rebuilt offline from
+    llama.cpp's ggml-vocab-llama-spm.gguf, converted by llama.cpp's converter (which permutes Q/K)."""
+    tree = llama_cpp_tree(cache)
+    out = cache / "tiny-llama"
+    out.mkdir(exist_ok=True)
+
+    def make_source(tmp: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tree / "models"), gguf_file="ggml-vocab-llama-spm.gguf")
+        tokenizer.save_pretrained(tmp)
+        (tmp / "tokenizer.model").unlink(missing_ok=True)  # not a valid SentencePiece model when rebuilt
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, **TINY_LLAMA_CONFIG)
+        LlamaForCausalLM(config).save_pretrained(tmp, safe_serialization=True)
+
+    source = produce(out / "source", make_source)
+    convert(tree, source, "f32", out / "tiny-llama-F32.gguf")
+    for qtype in ("Q8_0", "Q4_K_M"):
+        quantize(out / "tiny-llama-F32.gguf", qtype, out / f"tiny-llama-{qtype}.gguf")
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    "minilm": build_minilm, "smollm2": build_smollm, "tiny-llama": build_tiny_llama,
+}
 
 
 def main() -> None:
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="cache folder (git-ignored)")
     parser.add_argument("names", nargs="*", choices=[*BUILDERS, []], help="fixtures to build (default: all)")
