@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -193,8 +194,70 @@ def build_tiny_llama(cache: Path) -> None:
         quantize(out / "tiny-llama-F32.gguf", qtype, out / f"tiny-llama-{qtype}.gguf")
 
 
+QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+TINY_QWEN3_CONFIG = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+
+
+def _append_eos_post_processor(tokenizer_json: Path, eos: str) -> None:
+    """Make the post-processor append `eos`, as Qwen3-Embedding's tokenizer.json does."""
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    eos_id = next(token["id"] for token in data["added_tokens"] if token["content"] == eos)
+    single = [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": eos, "type_id": 0}}]
+    pair = [*single[:1], {"Sequence": {"id": "B", "type_id": 1}}, {"SpecialToken": {"id": eos, "type_id": 1}}]
+    template = {"type": "TemplateProcessing", "single": single, "pair": pair,
+                "special_tokens": {eos: {"id": eos, "ids": [eos_id], "tokens": [eos]}}}
+    data["post_processor"] = {"type": "Sequence", "processors": [data["post_processor"], template]}
+    tokenizer_json.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+def _sentence_transformers_files(root: Path, dim: int) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (root / "modules.json").write_text(json.dumps(modules, indent=2))
+    (root / "1_Pooling").mkdir(exist_ok=True)
+    (root / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+         "pooling_mode_lasttoken": True, "include_prompt": True}, indent=2))
+    (root / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": QWEN3_QUERY_PROMPT, "document": ""}, "default_prompt_name": None,
+         "similarity_fn_name": "cosine"}, indent=2))
+
+
+def build_tiny_qwen3(cache: Path) -> None:
+    """A small random Qwen3 embedding model (last-token pooling, normalised, EOS appended by the
+    post-processor) with the real Qwen tokenizer rebuilt offline from ggml-vocab-qwen2.gguf."""
+    tree = llama_cpp_tree(cache)
+    out = cache / "tiny-qwen3"
+    out.mkdir(exist_ok=True)
+
+    def make_source(tmp: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tree / "models"), gguf_file="ggml-vocab-qwen2.gguf")
+        tokenizer.save_pretrained(tmp)
+        eos = "<|endoftext|>"
+        _append_eos_post_processor(tmp / "tokenizer.json", eos)
+        torch.manual_seed(0)
+        config = Qwen3Config(vocab_size=len(tokenizer), eos_token_id=tokenizer.convert_tokens_to_ids(eos),
+                             architectures=["Qwen3Model"], **TINY_QWEN3_CONFIG)
+        Qwen3Model(config).save_pretrained(tmp, safe_serialization=True)
+        _sentence_transformers_files(tmp, TINY_QWEN3_CONFIG["hidden_size"])
+
+    source = produce(out / "source", make_source)
+    convert(tree, source, "f32", out / "tiny-qwen3-F32.gguf")
+    quantize(out / "tiny-qwen3-F32.gguf", "Q8_0", out / "tiny-qwen3-Q8_0.gguf")
+
+
 BUILDERS: dict[str, Callable[[Path], None]] = {
-    "minilm": build_minilm, "smollm2": build_smollm, "tiny-llama": build_tiny_llama,
+    "minilm": build_minilm, "smollm2": build_smollm, "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
 }
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from worker.engine import VerifyRequest, verify
+from worker.fetch import ContentStore
 from worker.formats.gguf_structure import read_layout
 from worker.policy import Policy
 from worker.report import Report
@@ -40,9 +41,13 @@ def smollm() -> Path:
     return path
 
 
+def run_gates(source: Path, artifact: Path, gates: set[int], policy: Policy | None = None, **extra) -> Report:
+    request = VerifyRequest(source_uri=str(source), artifact_uri=artifact.as_uri(), gates=frozenset(gates), **extra)
+    return verify(request, policy or Policy(), ContentStore(artifact.parent / ".convgate-cache"))
+
+
 def run_gate1(source: Path, artifact: Path, policy: Policy | None = None) -> Report:
-    request = VerifyRequest(source=source, artifact=artifact, artifact_uri=artifact.as_uri(), gates=frozenset({1}))
-    return verify(request, policy or Policy())
+    return run_gates(source, artifact, {1}, policy)
 
 
 def defect_copy(src: Path, dst_dir: Path, tensor: str, mutate: Callable[[np.ndarray], None]) -> Path:

@@ -60,6 +60,27 @@ BLOCKER_CODES: dict[str, str] = {
     "metadata.missing": "a required GGUF metadata key is absent",
     "metadata.unsupported_architecture": "the GGUF architecture has no name map in this verifier",
     "metadata.pooling_mismatch": "the GGUF pooling type differs from the source model's pooling",
+    # --- gate 2: runtime parity ---
+    "tokenizer.ids_mismatch": "no (add_special, parse_special) combination gives HF's token ids on every text",
+    "tokenizer.add_bos_mismatch": "llama.cpp's automatic leading token differs from the HF post-processor",
+    "tokenizer.add_eos_mismatch": "llama.cpp's automatic trailing token differs from the HF post-processor",
+    "tokenizer.template_token_mismatch": "the HF template appends a token GGUF cannot auto-append (not its EOS)",
+    "embedding.cosine_below_threshold": "a text's embedding cosine to the reference is below the policy minimum",
+    "embedding.top1_mismatch": "retrieval top-1 on the built-in set differs from the reference",
+    "embedding.not_finite": "llama.cpp returned a non-finite embedding",
+    "logits.nmse_above_threshold": "logits NMSE against the reference exceeds the policy maximum",
+    "logits.kl_above_threshold": "KL divergence from the reference exceeds the policy maximum",
+    "logits.top1_below_threshold": "top-1 token agreement with the reference is below the policy minimum",
+    "logits.not_finite": "llama.cpp returned non-finite logits",
+    "runtime.load_failed": "llama.cpp could not load the GGUF",
+    "runtime.unknown_model_kind": "neither an embedding model (pooling config) nor a causal LM",
+    # --- gate 3: the released file ---
+    "release.file_changed": "the file to release no longer has the digest that was measured",
+    "release.dimension_mismatch": "the released file's embedding dimension differs from its metadata",
+    "release.not_finite": "the released file produced non-finite outputs",
+    "release.zero_norm": "the released file produced an all-zero embedding",
+    "release.top1_changed": "the released file's top-1 results differ from those measured in gate 2",
+    "release.missing_file": "a file of the release package cannot be read",
     # --- verifier self-checks ---
     "verifier.reader_disagreement": "gguf-py and libggml dequantize the same block differently",
     "verifier.reference_missing": "a reference implementation needed for a check is unavailable",
@@ -69,6 +90,7 @@ BLOCKER_CODES: dict[str, str] = {
     # --- artifacts ---
     "artifact.sha256_mismatch": "the artifact's sha256 differs from the expected digest",
     "artifact.unreadable": "the artifact could not be fetched or opened",
+    "artifact.fetch_failed": "the URI could not be fetched (unreachable, refused, too large or bad redirect)",
 }
 
 

@@ -5,6 +5,7 @@ Exit codes: 0 GO, 1 NO-GO, 2 could not run (usage error, unreadable source or ar
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from worker.engine import VerifyRequest, verify
+from worker.engine import SourceUnavailableError, VerifyRequest, verify
 from worker.errors import UsageError
+from worker.fetch import ContentStore, FetchPolicy
 from worker.policy import load_policy
 from worker.summary import render_summary
 
@@ -29,15 +31,21 @@ def _main() -> None:
     """convgate: verifies Hugging Face -> GGUF conversions."""
 
 
-def _local_path(value: str, what: str) -> tuple[Path, str]:
-    """A plain path or file:// URI; other schemes are not fetched by this version."""
+def _check_local(value: str, what: str) -> str:
+    """Local paths must exist (else exit 2); remote URIs are fetched by the engine."""
     parsed = urlparse(value)
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path) if parsed.scheme else value)
         if not path.exists():
             raise UsageError(f"{what} {value} does not exist")
-        return path, path.resolve().as_uri()
-    raise UsageError(f"{what} scheme {parsed.scheme!r} is not supported yet (use a path or file://)")
+        return path.resolve().as_uri()
+    if parsed.scheme not in ("https", "hf"):
+        raise UsageError(f"{what} scheme {parsed.scheme!r} is not supported (path, file://, https://, hf://)")
+    return value
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("CONVGATE_CACHE", Path.home() / ".cache" / "convgate"))
 
 
 def _parse_gates(value: str) -> frozenset[int]:
@@ -84,23 +92,28 @@ def verify_command(
     texts: Annotated[Path | None, typer.Option(help="UTF-8 text file, one text per line")] = None,
     report: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
     gates: Annotated[str, typer.Option(help="gates to run, e.g. 1 or 1,2,3")] = "1,2,3",
+    kind: Annotated[str, typer.Option(help="auto, embedding or causal-lm")] = "auto",
+    release: Annotated[list[Path] | None, typer.Option(help="another file of the release package")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="content-addressed download cache")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the JSON report instead of the summary")] = False,
 ) -> None:
     """Run the verification gates on one conversion and print a verdict."""
     try:
-        source_path, _ = _local_path(source, "source")
-        artifact_path, artifact_uri = _local_path(artifact, "artifact")
+        if kind not in ("auto", "embedding", "causal-lm"):
+            raise UsageError(f"--kind must be auto, embedding or causal-lm, not {kind!r}")
         request = VerifyRequest(
-            source=source_path, artifact=artifact_path, artifact_uri=artifact_uri, expected_sha256=sha256,
-            gates=_parse_gates(gates), texts=_read_texts(texts),
+            source_uri=_check_local(source, "source"), artifact_uri=_check_local(artifact, "artifact"),
+            expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts), kind=kind,
+            release_files=tuple(release or ()),
         )
         chosen_policy = load_policy(policy)
-    except UsageError as exc:
+        store = ContentStore(cache_dir or default_cache())
+        bars = _ProgressBars()
+        with bars.progress:
+            result = verify(request, chosen_policy, store, FetchPolicy(), bars)
+    except (UsageError, SourceUnavailableError) as exc:
         stderr.print(f"convgate: {exc}", markup=False, highlight=False)
         raise typer.Exit(EXIT_CANNOT_RUN) from exc
-    bars = _ProgressBars()
-    with bars.progress:
-        result = verify(request, chosen_policy, bars)
     document = result.model_dump_json(indent=2)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)

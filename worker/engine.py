@@ -1,4 +1,9 @@
-"""The verification engine: a request and a policy in, a `Report` out. No HTTP, no SQL, no printing."""
+"""The verification engine: a request and a policy in, a `Report` out. No HTTP server, no SQL, no printing.
+
+Order matters: fetch by digest, check the digest, validate structure with our own parser and open
+the source strictly, and only then let gates (and so gguf-py, llama.cpp, transformers) near the
+files. A requested gate that cannot run is a blocker, so GO never claims more than was run.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,15 @@ from pathlib import Path
 
 from worker.blockers import Blocker
 from worker.digests import digest_tree, sha256_file
-from worker.gates.storage import Progress, _no_progress, run_storage_gate
+from worker.errors import ConvgateError
+from worker.fetch import ContentStore, FetchError, FetchPolicy, fetch_artifact, fetch_source
+from worker.gates.release import run_release_gate
+from worker.gates.runtime import RuntimeMeasurements, model_kind, run_runtime_gate
+from worker.gates.storage import open_source_or_blocker, run_storage_gate, validate_structure
 from worker.policy import Policy
+from worker.progress import Progress, no_progress
 from worker.report import FileDigest, GateResult, Report
+from worker.runtime.sentence_config import sentence_config
 
 GATE_NAMES = {1: "storage", 2: "runtime", 3: "release"}
 ALWAYS_NOT_VERIFIED = (
@@ -23,14 +34,19 @@ ALWAYS_NOT_VERIFIED = (
 ENVIRONMENT_PACKAGES = ("convgate", "gguf", "numpy", "llama-cpp-python", "transformers", "torch", "tokenizers")
 
 
+class SourceUnavailableError(ConvgateError):
+    """The source model cannot be read at all: no verdict is possible (CLI exit 2)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class VerifyRequest:
-    source: Path
-    artifact: Path
+    source_uri: str
     artifact_uri: str
     expected_sha256: str | None = None
     gates: frozenset[int] = frozenset({1, 2, 3})
     texts: tuple[str, ...] | None = None
+    kind: str = "auto"
+    release_files: tuple[Path, ...] = ()
 
 
 def environment() -> dict[str, str]:
@@ -43,57 +59,93 @@ def environment() -> dict[str, str]:
     return versions
 
 
-def _not_run(gate: int, why: str) -> tuple[GateResult, Blocker]:
-    name = GATE_NAMES[gate]
-    return (
-        GateResult(name=name, status="not_run", details={"why": why}),
-        Blocker(code="gate.not_run", gate="verifier", why=f"gate {gate} ({name}) was requested but {why}"),
-    )
+class _Run:
+    """Accumulates one verification's gates, blockers, files and timings."""
+
+    def __init__(self, request: VerifyRequest) -> None:
+        self.request = request
+        self.started = time.perf_counter()
+        self.blockers: list[Blocker] = []
+        self.gates: dict[str, GateResult] = {}
+        self.files: list[FileDigest] = []
+        self.timings: dict[str, float] = {}
+        self.not_verified = [f"gate {g} ({GATE_NAMES[g]}) was not requested" for g in (1, 2, 3)
+                             if g not in request.gates]
+        self.artifact: FileDigest | None = None
+
+    def stop_all(self, blocker: Blocker, why: str) -> None:
+        self.blockers.append(blocker)
+        for gate in sorted(self.request.gates):
+            self.gates[GATE_NAMES[gate]] = GateResult(name=GATE_NAMES[gate], status="not_run", details={"why": why})
+
+    def record(self, result: GateResult, blockers: list[Blocker]) -> None:
+        self.gates[result.name] = result
+        self.timings[result.name] = result.seconds
+        self.blockers.extend(blockers)
+
+    def report(self, policy: Policy) -> Report:
+        self.timings["total"] = time.perf_counter() - self.started
+        return Report(
+            verdict="NO-GO" if self.blockers or not self.gates else "GO",
+            blockers=self.blockers, gates=self.gates,
+            policy={"values": policy.model_dump(mode="json"), "sha256": policy.sha256()},
+            artifact=self.artifact, files=self.files, not_verified=self.not_verified + list(ALWAYS_NOT_VERIFIED),
+            environment=environment(), timings=self.timings,
+        )
 
 
-def verify(request: VerifyRequest, policy: Policy, progress: Progress = _no_progress) -> Report:
-    """Run the requested gates. GO needs zero blockers; a requested gate that cannot run is a blocker."""
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-    blockers: list[Blocker] = []
-    gates: dict[str, GateResult] = {}
-    sha = sha256_file(request.artifact, lambda done, total: progress("sha256", done, total))
-    artifact = FileDigest(uri=request.artifact_uri, sha256=sha, size=request.artifact.stat().st_size)
-    timings["sha256"] = time.perf_counter() - started
-    digest_ok = request.expected_sha256 is None or request.expected_sha256.lower() == sha
-    if not digest_ok:
-        blockers.append(Blocker(code="artifact.sha256_mismatch", gate="input",
-                                why=f"artifact sha256 is {sha}, expected {request.expected_sha256}; not used"))
-    for gate in sorted(request.gates):
-        if not digest_ok:
-            gates[GATE_NAMES[gate]] = GateResult(name=GATE_NAMES[gate], status="not_run",
-                                                 details={"why": "artifact digest mismatch"})
-        elif gate == 1:
-            result, gate_blockers = run_storage_gate(request.artifact, request.source, policy, progress)
-            gates["storage"] = result
-            timings["storage"] = result.seconds
-            blockers.extend(gate_blockers)
-        else:
-            result, blocker = _not_run(gate, "is not implemented in this version")
-            gates[result.name] = result
-            blockers.append(blocker)
-    not_verified = [f"gate {g} ({GATE_NAMES[g]}) was not requested" for g in (1, 2, 3) if g not in request.gates]
-    not_verified.extend(ALWAYS_NOT_VERIFIED)
-    files = [artifact]
-    if request.source.is_dir():
-        files.extend(digest_tree(request.source))
-    timings["total"] = time.perf_counter() - started
-    return Report(
-        verdict="NO-GO" if blockers else "GO",
-        blockers=blockers,
-        gates=gates,
-        policy={"values": policy.model_dump(mode="json"), "sha256": policy.sha256()},
-        artifact=artifact,
-        files=files,
-        not_verified=not_verified,
-        environment=environment(),
-        timings=timings,
-    )
+def verify(
+    request: VerifyRequest, policy: Policy, store: ContentStore, fetch_policy: FetchPolicy | None = None,
+    progress: Progress = no_progress,
+) -> Report:
+    """Run the requested gates. GO needs zero blockers and every requested gate to have run."""
+    run = _Run(request)
+    fetch_policy = fetch_policy or FetchPolicy()
+    try:
+        source_dir = fetch_source(request.source_uri, store, fetch_policy)
+    except FetchError as exc:
+        raise SourceUnavailableError(exc.why) from exc
+    try:
+        artifact = fetch_artifact(request.artifact_uri, request.expected_sha256, store, fetch_policy,
+                                  lambda done, total: progress("download", done, total))
+    except FetchError as exc:
+        run.stop_all(Blocker(code=exc.code, gate="input", why=exc.why), "artifact not fetched")
+        return run.report(policy)
+    sha = sha256_file(artifact, lambda done, total: progress("sha256", done, total))
+    run.artifact = FileDigest(uri=request.artifact_uri, sha256=sha, size=artifact.stat().st_size)
+    run.files = [run.artifact, *digest_tree(source_dir)]
+    run.timings["fetch_and_digest"] = time.perf_counter() - run.started
+    if request.expected_sha256 is not None and request.expected_sha256.lower() != sha:
+        run.stop_all(Blocker(code="artifact.sha256_mismatch", gate="input",
+                             why=f"artifact sha256 is {sha}, expected {request.expected_sha256}; not used"),
+                     "artifact digest mismatch")
+        return run.report(policy)
+    layout = validate_structure(artifact)
+    if isinstance(layout, Blocker):
+        run.stop_all(layout, "the artifact is not a well-formed GGUF")
+        return run.report(policy)
+    source = open_source_or_blocker(source_dir)
+    if isinstance(source, Blocker):
+        run.stop_all(source, "the source model was refused")
+        return run.report(policy)
+    if 1 in request.gates:
+        run.record(*run_storage_gate(artifact, layout, source, policy, progress))
+    measured: RuntimeMeasurements | None = None
+    if 2 in request.gates:
+        result, blockers, measured = run_runtime_gate(artifact, layout, source, policy, request.texts,
+                                                      request.kind, progress)
+        run.record(result, blockers)
+        run.not_verified.extend(f"input kind: {gap}" for gap in result.details.get("not_covered", []))
+    if 3 in request.gates:
+        sentence = sentence_config(source)
+        kind = measured.kind if measured else model_kind(source, sentence, request.kind)
+        result, blockers, package = run_release_gate(artifact, request.artifact_uri, sha, layout, sentence,
+                                                     measured, kind, request.release_files)
+        run.record(result, blockers)
+        run.files[1:1] = package[1:]
+        if measured is None:
+            run.not_verified.append("gate 3 top-1 results were not compared with gate 2 (gate 2 did not run)")
+    return run.report(policy)
 
 
-__all__ = ["VerifyRequest", "environment", "verify"]
+__all__ = ["SourceUnavailableError", "VerifyRequest", "environment", "verify"]

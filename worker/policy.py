@@ -26,11 +26,22 @@ class Policy(BaseModel):
         True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
     )
     tie_ulps: int = Field(4, ge=0, le=16, description="max ulps a source value may sit from a rounding tie")
-    reader_crosscheck_rows: int = Field(4, ge=2, le=64, description="rows per tensor dequantized by both readers")
-    # gate 2
+    reader_crosscheck_rows: int = Field(
+        4, ge=2, le=64, description="rows per tensor dequantized by both readers"
+    )
+    # gate 2: tokenizer and embeddings
     token_ids_exact: bool = True
     min_cosine: float = Field(0.99, ge=-1, le=1)
     require_top1_equal: bool = True
+    contradiction_high_cosine: float = Field(0.999, description="ids differ yet cosine >= this: contradiction")
+    contradiction_low_cosine: float = Field(0.9, description="ids equal yet cosine < this: contradiction")
+    max_context_tokens: int = Field(2048, ge=16, description="cap on the context the runtime gates use")
+    # gate 2: causal LMs
+    max_logits_nmse: float = Field(0.05, ge=0)
+    max_kl_mean: float = Field(0.05, ge=0)
+    max_kl_p99: float = Field(0.5, ge=0)
+    min_top1_agreement: float = Field(0.9, ge=0, le=1)
+    max_logit_positions: int = Field(256, ge=1, description="positions per text compared for logits")
 
     def sha256(self) -> str:
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

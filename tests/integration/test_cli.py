@@ -40,12 +40,16 @@ def test_go_exits_zero_with_report(minilm, tmp_path):
     assert {f["uri"].rsplit("/", 1)[-1] for f in document["files"]} >= {"model.safetensors", "config.json"}
 
 
-def test_unimplemented_gates_are_blockers_not_silent_go(minilm):
-    result = convgate("--source", minilm / "source", "--artifact", minilm / "minilm-F32.gguf", "--json")
+def test_a_gate_that_cannot_run_is_a_blocker_not_a_silent_go(minilm, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(minilm / "source", source)
+    (source / "tokenizer.json").unlink()
+    result = convgate("--source", source, "--artifact", minilm / "minilm-F32.gguf", "--gates", "2", "--json")
     assert result.returncode == 1
     assert last_line(result) == "NO-GO"
     document = json.loads(result.stdout.rsplit("\n", 2)[0])
-    assert [b["code"] for b in document["blockers"]] == ["gate.not_run", "gate.not_run"]
+    assert [b["code"] for b in document["blockers"]] == ["verifier.reference_missing"]
+    assert document["gates"]["runtime"]["status"] == "failed"
 
 
 def test_wrong_sha256_is_no_go_and_the_file_is_not_used(minilm):
@@ -82,7 +86,7 @@ def test_pickle_source_is_no_go(minilm, tmp_path):
 @pytest.mark.parametrize(
     "args",
     [("--source", "/nonexistent", "--artifact", "x.gguf"),
-     ("--source", ".", "--artifact", "https://example.invalid/x.gguf"),
+     ("--source", ".", "--artifact", "ftp://127.0.0.1/x.gguf"),
      ("--source", ".", "--artifact", "pyproject.toml", "--gates", "4")],
     ids=["missing source", "unsupported scheme", "bad gates"],
 )

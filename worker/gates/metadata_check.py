@@ -16,21 +16,13 @@ from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
 from worker.gates.architectures import Architecture, Expectation
 from worker.report import MetadataCheck
-
-# 1_Pooling/config.json mode -> llama.cpp pooling type (gguf.PoolingType)
-POOLING_MODES = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2, "pooling_mode_lasttoken": 3}
+from worker.runtime.sentence_config import LLAMA_POOLING, sentence_config
 
 
 def source_pooling(source: SourceModel) -> int | None:
     """llama.cpp pooling type of the source's sentence-transformers Pooling module, if it has one."""
-    modules = source.read_json("modules.json") or []
-    for module in modules:
-        if str(module.get("type", "")).endswith("Pooling"):
-            config = source.read_json(f"{module.get('path', '')}/config.json") or {}
-            for mode, pooling in POOLING_MODES.items():
-                if config.get(mode):
-                    return pooling
-    return None
+    pooling = sentence_config(source).pooling
+    return LLAMA_POOLING[pooling] if pooling else None
 
 
 def _tensor_expectations(arch: Architecture, layout: GGUFLayout, source: SourceModel) -> list[Expectation]:

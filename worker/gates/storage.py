@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +15,14 @@ import numpy as np
 from worker.blockers import Blocker
 from worker.errors import ReferenceMissingError, SourceError
 from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
-from worker.formats.source import open_source
+from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for
 from worker.gates.inventory import take_inventory
 from worker.gates.metadata_check import check_metadata
 from worker.gates.tensor_values import check_tensor
 from worker.policy import Policy
+from worker.progress import Progress, no_progress
 from worker.report import GateResult, TensorRow
-
-Progress = Callable[[str, int, int], None]
-
-
-def _no_progress(label: str, done: int, total: int) -> None:
-    return None
 
 
 def _check_kinds(rows: list[TensorRow]) -> dict[str, dict[str, int]]:
@@ -51,17 +45,18 @@ def validate_structure(artifact: Path) -> GGUFLayout | Blocker:
         return Blocker(code=exc.code, gate="storage", why=exc.why, tensor=exc.tensor)
 
 
-def run_storage_gate(
-    artifact: Path, source_dir: Path, policy: Policy, progress: Progress = _no_progress
-) -> tuple[GateResult, list[Blocker]]:
-    started = time.perf_counter()
-    layout = validate_structure(artifact)
-    if isinstance(layout, Blocker):
-        return _failed(started, [layout], structure="invalid")
+def open_source_or_blocker(source_dir: Path) -> SourceModel | Blocker:
     try:
-        source = open_source(source_dir)
+        return open_source(source_dir)
     except SourceError as exc:
-        return _failed(started, [Blocker(code=exc.code, gate="input", why=exc.why, tensor=exc.tensor)])
+        return Blocker(code=exc.code, gate="input", why=exc.why, tensor=exc.tensor)
+
+
+def run_storage_gate(
+    artifact: Path, layout: GGUFLayout, source: SourceModel, policy: Policy, progress: Progress = no_progress
+) -> tuple[GateResult, list[Blocker]]:
+    """Inventory, metadata and every tensor's values; structure and source were validated by the caller."""
+    started = time.perf_counter()
     arch_name = str(layout.metadata.get("general.architecture", ""))
     arch = architecture_for(arch_name, source.config)
     if arch is None:

@@ -1,0 +1,111 @@
+"""Gate 3 — the released file: re-open the exact bytes by digest and re-measure them.
+
+The file must still have the sha256 measured before gates 1 and 2; then llama.cpp loads it afresh
+and its outputs are checked for dimension, finiteness, non-zero norm and the same top-1 results
+gate 2 recorded. Every file of the release package is digested so a recipient can check them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from worker.blockers import Blocker
+from worker.digests import digest_file, sha256_file
+from worker.errors import ReferenceMissingError
+from worker.formats.gguf_structure import GGUFLayout
+from worker.gates.embedding_parity import retrieval_top1
+from worker.gates.runtime import RuntimeMeasurements
+from worker.report import FileDigest, GateResult
+from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
+from worker.runtime.sentence_config import SentenceConfig
+
+
+def _remeasure_embedding(candidate: LlamaCandidate, layout: GGUFLayout, sentence: SentenceConfig,
+                         measured: RuntimeMeasurements | None, details: dict) -> list[Blocker]:
+    blockers: list[Blocker] = []
+    arch = layout.metadata.get("general.architecture")
+    expected_dim = layout.metadata.get(f"{arch}.embedding_length")
+    vectors: list[np.ndarray] = []
+
+    def embed(text: str) -> np.ndarray:
+        vector = candidate.embed(text)
+        vectors.append(vector)
+        return vector
+
+    top1 = retrieval_top1(embed, sentence.prompts)
+    dims = {len(v) for v in vectors}
+    details.update(dimension=sorted(dims), expected_dimension=expected_dim, top1=top1,
+                   min_norm=float(min(np.linalg.norm(v) for v in vectors)))
+    if dims != {expected_dim}:
+        blockers.append(Blocker(code="release.dimension_mismatch", gate="release",
+                                why=f"embedding dimension {sorted(dims)}, metadata says {expected_dim}"))
+    if not all(np.all(np.isfinite(v)) for v in vectors):
+        blockers.append(Blocker(code="release.not_finite", gate="release", why="non-finite embedding values"))
+    elif details["min_norm"] == 0:
+        blockers.append(Blocker(code="release.zero_norm", gate="release", why="an embedding has zero norm"))
+    if measured is not None and tuple(top1) != measured.retrieval_top1:
+        blockers.append(Blocker(code="release.top1_changed", gate="release",
+                                why=f"retrieval top-1 {top1}, gate 2 measured {list(measured.retrieval_top1)}"))
+    return blockers
+
+
+def _remeasure_logits(candidate: LlamaCandidate, measured: RuntimeMeasurements, details: dict) -> list[Blocker]:
+    text = measured.logits_text or "The quick brown fox jumps over the lazy dog."
+    ids = candidate.tokenize(text, add_special=True, parse_special=False)[: len(measured.logits_top1) or None]
+    logits = candidate.logits(ids)
+    top1 = logits.argmax(-1).tolist()
+    details.update(positions=len(ids), top1_equal_to_gate2=tuple(top1) == measured.logits_top1)
+    if not np.all(np.isfinite(logits)):
+        return [Blocker(code="release.not_finite", gate="release", why="non-finite logits")]
+    if measured.logits_top1 and tuple(top1) != measured.logits_top1:
+        return [Blocker(code="release.top1_changed", gate="release", why="top-1 tokens differ from gate 2")]
+    return []
+
+
+def run_release_gate(
+    artifact: Path,
+    artifact_uri: str,
+    measured_sha256: str,
+    layout: GGUFLayout,
+    sentence: SentenceConfig,
+    measured: RuntimeMeasurements | None,
+    kind: str | None,
+    package: tuple[Path, ...] = (),
+) -> tuple[GateResult, list[Blocker], list[FileDigest]]:
+    started = time.perf_counter()
+    details: dict = {}
+    files = [digest_file(artifact, artifact_uri)]
+    blockers: list[Blocker] = []
+    for path in package:
+        try:
+            files.append(digest_file(path))
+        except OSError as exc:
+            blockers.append(Blocker(code="release.missing_file", gate="release", why=f"{path}: {exc.strerror}"))
+    details["package"] = [f.model_dump() for f in files]
+    if sha256_file(artifact) != measured_sha256:
+        blockers.append(Blocker(code="release.file_changed", gate="release",
+                                why=f"{artifact.name} changed after it was measured; it is not the file verified"))
+    elif kind is None:
+        blockers.append(Blocker(code="runtime.unknown_model_kind", gate="release", why="cannot re-measure"))
+    else:
+        n_ctx = measured.n_ctx if measured else 512
+        try:
+            candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx)
+        except (CandidateLoadError, ReferenceMissingError) as exc:
+            blockers.append(Blocker(code="runtime.load_failed", gate="release", why=str(exc)))
+        else:
+            try:
+                if kind == "embedding":
+                    blockers.extend(_remeasure_embedding(candidate, layout, sentence, measured, details))
+                else:
+                    baseline = measured or RuntimeMeasurements("causal-lm", n_ctx)
+                    blockers.extend(_remeasure_logits(candidate, baseline, details))
+            finally:
+                candidate.close()
+    details["compared_with_gate2"] = measured is not None
+    status = "failed" if blockers else "passed"
+    return GateResult(name="release", status=status, seconds=time.perf_counter() - started, details=details), \
+        blockers, files

@@ -1,0 +1,144 @@
+"""Gate 2 — runtime: does llama.cpp give an outside user what the Hugging Face model gives?
+
+Tokenizer parity first (every text, every flag combination), then embeddings (encoder or decoder
+embedding models, by the source's sentence-transformers pooling) or logits (causal LMs).
+The measurements gate 3 re-checks on the released file are returned alongside.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from worker.blockers import Blocker
+from worker.errors import ReferenceMissingError
+from worker.formats.gguf_structure import GGUFLayout
+from worker.formats.source import SourceModel
+from worker.gates.embedding_parity import check_embeddings
+from worker.gates.logits_parity import check_logits
+from worker.gates.tokenizer_parity import check_tokenizer
+from worker.policy import Policy
+from worker.progress import Progress, no_progress
+from worker.report import GateResult
+from worker.runtime.hf_reference import HFModel, HFTokenizer
+from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
+from worker.runtime.sentence_config import SentenceConfig, sentence_config
+from worker.texts import DEFAULT_TEXTS, Text, near_context_texts, uncovered_inputs
+
+ModelKind = Literal["embedding", "causal-lm"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeMeasurements:
+    """What gate 2 measured on the candidate, for gate 3 to re-measure on the released file."""
+
+    kind: ModelKind
+    n_ctx: int
+    retrieval_top1: tuple[int, ...] = ()
+    logits_text: str | None = None
+    logits_top1: tuple[int, ...] = ()
+
+
+def model_kind(source: SourceModel, sentence: SentenceConfig, requested: str = "auto") -> ModelKind | None:
+    if requested in ("embedding", "causal-lm"):
+        return requested  # type: ignore[return-value]
+    if sentence.is_embedding_model:
+        return "embedding"
+    architectures = source.config.get("architectures") or []
+    return "causal-lm" if any(str(a).endswith("ForCausalLM") for a in architectures) else None
+
+
+def context_size(layout: GGUFLayout, policy: Policy) -> int:
+    arch = layout.metadata.get("general.architecture")
+    return int(min(layout.metadata.get(f"{arch}.context_length", 512), policy.max_context_tokens))
+
+
+def text_set(user_texts: tuple[str, ...] | None, hf: HFTokenizer, n_ctx: int) -> tuple[tuple[Text, ...], list[str]]:
+    """The texts to measure (user's or default + one near the context limit) and those skipped."""
+    def count(text: str) -> int:
+        return len(hf.encode(text, add_special=True, parse_special=False))
+
+    if user_texts is not None:
+        candidates = tuple(Text(f"line-{i + 1}", text) for i, text in enumerate(user_texts))
+    else:
+        candidates = DEFAULT_TEXTS + near_context_texts(n_ctx, count)
+    kept = tuple(t for t in candidates if count(t.text) <= n_ctx - 4)
+    skipped = [t.label for t in candidates if t not in kept]
+    return kept, skipped
+
+
+def _fail(started: float, blocker: Blocker, **details: Any) -> tuple[GateResult, list[Blocker], None]:
+    result = GateResult(name="runtime", status="failed", seconds=time.perf_counter() - started, details=details)
+    return result, [blocker], None
+
+
+def run_runtime_gate(
+    artifact: Path,
+    layout: GGUFLayout,
+    source: SourceModel,
+    policy: Policy,
+    user_texts: tuple[str, ...] | None = None,
+    requested_kind: str = "auto",
+    progress: Progress = no_progress,
+) -> tuple[GateResult, list[Blocker], RuntimeMeasurements | None]:
+    started = time.perf_counter()
+    sentence = sentence_config(source)
+    kind = model_kind(source, sentence, requested_kind)
+    if kind is None:
+        return _fail(started, Blocker(code="runtime.unknown_model_kind", gate="runtime",
+                                      why="no sentence-transformers pooling and no *ForCausalLM architecture"))
+    n_ctx = context_size(layout, policy)
+    try:
+        hf = HFTokenizer(source.root / "tokenizer.json")
+        texts, skipped = text_set(user_texts, hf, n_ctx)
+        progress("runtime", 0, 3)
+        candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx)
+    except ReferenceMissingError as exc:
+        return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
+    except CandidateLoadError as exc:
+        return _fail(started, Blocker(code="runtime.load_failed", gate="runtime", why=str(exc)))
+    try:
+        tokens = check_tokenizer(texts, hf.encode, candidate.tokenize, hf.raw, dict(layout.metadata),
+                                 policy.token_ids_exact)
+        progress("runtime", 1, 3)
+        blockers = list(tokens.blockers)
+        details: dict[str, Any] = {
+            "kind": kind, "n_ctx": n_ctx, "texts": [t.label for t in texts], "skipped_texts": skipped,
+            "not_covered": uncovered_inputs(texts), "tokenizer": tokens.details(),
+        }
+        model = HFModel(source.root, causal=kind == "causal-lm")
+        if kind == "embedding":
+            assert sentence.pooling is not None or requested_kind == "embedding"
+            pooling = sentence.pooling or "mean"
+
+            def reference(text: str):
+                return model.embed(hf.encode(text, add_special=True, parse_special=False), pooling)
+
+            emb = check_embeddings(texts, reference, candidate.embed, sentence, tokens.default_ids_equal, policy)
+            blockers.extend(emb.blockers)
+            details["embeddings"] = {"min_cosine": emb.min_cosine, "per_text": emb.per_text,
+                                     "retrieval": emb.retrieval, "diagnosis": emb.diagnosis,
+                                     "pooling": pooling, "normalize": sentence.normalize}
+            measured = RuntimeMeasurements(kind, n_ctx, retrieval_top1=tuple(emb.retrieval["candidate_top1"]))
+        else:
+            def tokenize(text: str) -> list[int]:
+                return candidate.tokenize(text, add_special=True, parse_special=False)
+
+            logits = check_logits(texts, tokenize, model.logits, candidate.logits, policy)
+            blockers.extend(logits.blockers)
+            details["logits"] = {"summary": logits.summary, "per_text": logits.per_text}
+            first = logits.per_text[0] if logits.per_text else None
+            measured = RuntimeMeasurements(
+                kind, n_ctx, logits_text=next((t.text for t in texts if first and t.label == first["label"]), None),
+                logits_top1=tuple(first["candidate_top1"]) if first else (),
+            )
+        progress("runtime", 3, 3)
+    except ReferenceMissingError as exc:
+        return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
+    finally:
+        candidate.close()
+    status = "failed" if blockers else "passed"
+    result = GateResult(name="runtime", status=status, seconds=time.perf_counter() - started, details=details)
+    return result, blockers, measured

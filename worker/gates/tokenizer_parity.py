@@ -1,0 +1,187 @@
+"""Gate 2, tokenizer: HF `tokenizers` vs llama.cpp token ids, every text, every flag combination.
+
+What the HF post-processor template adds (a leading and/or trailing special token) is compared
+with what llama.cpp *actually* adds, probed by tokenizing with and without `add_special`; the GGUF
+flags are reported beside. A failure carries its shape: a constant length offset means a special
+token, divergence only on non-ASCII text means normalisation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from worker.blockers import Blocker
+from worker.texts import Text
+
+COMBINATIONS = tuple(itertools.product((True, False), repeat=2))  # (add_special, parse_special)
+DEFAULT_COMBINATION = (True, False)  # what llama.cpp's embedding and completion paths use
+PROBE = "hello"
+
+
+class Tokenize(Protocol):
+    def __call__(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateFacts:
+    """Special tokens the HF post-processor puts before and after a single sequence."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    kind: str
+
+
+def _special_ids(processor: dict[str, Any], token: str) -> tuple[int, ...]:
+    entry = (processor.get("special_tokens") or {}).get(token) or {}
+    return tuple(int(i) for i in entry.get("ids", ()))
+
+
+def _template(processor: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    kind = processor.get("type")
+    if kind == "TemplateProcessing":
+        single = processor.get("single") or []
+        seq = next((i for i, item in enumerate(single) if "Sequence" in item), len(single))
+        prefix = tuple(i for item in single[:seq] for i in _special_ids(processor, item["SpecialToken"]["id"]))
+        suffix = tuple(i for item in single[seq + 1:] for i in _special_ids(processor, item["SpecialToken"]["id"]))
+        return prefix, suffix
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        return (int(processor["cls"][1]),), (int(processor["sep"][1]),)
+    if kind == "Sequence":
+        prefix: tuple[int, ...] = ()
+        suffix: tuple[int, ...] = ()
+        for inner in processor.get("processors") or []:
+            inner_prefix, inner_suffix = _template(inner)
+            prefix, suffix = prefix + inner_prefix, suffix + inner_suffix
+        return prefix, suffix
+    return (), ()
+
+
+def template_facts(tokenizer_json: dict[str, Any]) -> TemplateFacts:
+    processor = tokenizer_json.get("post_processor") or {}
+    prefix, suffix = _template(processor)
+    return TemplateFacts(prefix, suffix, str(processor.get("type", "none")))
+
+
+def normalizer_steps(tokenizer_json: dict[str, Any]) -> list[str]:
+    """Normaliser steps in order, e.g. ['NFC'] or ['BertNormalizer(lowercase, strip_accents=None)']."""
+    def describe(node: dict[str, Any] | None) -> list[str]:
+        if not node:
+            return []
+        if node.get("type") == "Sequence":
+            return [step for inner in node.get("normalizers", []) for step in describe(inner)]
+        if node.get("type") == "BertNormalizer":
+            flags = [k for k in ("clean_text", "handle_chinese_chars", "lowercase") if node.get(k)]
+            return [f"BertNormalizer({', '.join(flags)}, strip_accents={node.get('strip_accents')})"]
+        return [str(node.get("type"))]
+
+    return describe(tokenizer_json.get("normalizer"))
+
+
+@dataclass
+class TokenizerResult:
+    matching_combinations: list[str]
+    per_combination: dict[str, int]
+    template: dict[str, Any]
+    llama_adds: dict[str, list[int]]
+    gguf_flags: dict[str, Any]
+    normalizer: list[str]
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    diagnosis: str | None = None
+    blockers: list[Blocker] = field(default_factory=list)
+    default_ids_equal: dict[str, bool] = field(default_factory=dict)
+
+    def details(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key != "blockers"}
+
+
+def _name(combination: tuple[bool, bool]) -> str:
+    return f"add_special={combination[0]},parse_special={combination[1]}"
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def diagnose(mismatches: list[dict[str, Any]], texts: tuple[Text, ...]) -> str | None:
+    """Name the shape of the failure, not just the count."""
+    if not mismatches:
+        return None
+    offsets = {len(m["llama_ids"]) - len(m["hf_ids"]) for m in mismatches}
+    if len(offsets) == 1 and 0 not in offsets and len(mismatches) == len(texts):
+        return (f"constant length offset of {offsets.pop():+d} on every text: a special token is added or "
+                "dropped (check add_bos/add_eos and the post-processor)")
+    failing = {m["label"] for m in mismatches}
+    ascii_failing = [t.label for t in texts if t.label in failing and t.text.isascii()]
+    if not ascii_failing:
+        return ("ids diverge only on non-ASCII texts: the normaliser or pre-tokenizer differs "
+                "(e.g. HF decomposes Hangul syllables into jamo, llama.cpp does not)")
+    return "ids diverge on ASCII text too: vocabulary, merges or pre-tokenizer differ"
+
+
+def _llama_adds(tokenize: Tokenize) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    with_special = tokenize(PROBE, add_special=True, parse_special=False)
+    plain = tokenize(PROBE, add_special=False, parse_special=False)
+    for start in range(len(with_special) - len(plain) + 1):
+        if with_special[start:start + len(plain)] == plain:
+            return tuple(with_special[:start]), tuple(with_special[start + len(plain):])
+    return tuple(with_special), ()
+
+
+def check_tokenizer(
+    texts: tuple[Text, ...],
+    hf: Tokenize,
+    llama: Tokenize,
+    tokenizer_json: dict[str, Any],
+    gguf_metadata: dict[str, Any],
+    ids_exact: bool,
+) -> TokenizerResult:
+    template = template_facts(tokenizer_json)
+    prefix, suffix = _llama_adds(llama)
+    flags = {k: gguf_metadata.get(f"tokenizer.ggml.{k}") for k in
+             ("add_bos_token", "add_eos_token", "bos_token_id", "eos_token_id", "model", "pre")}
+    result = TokenizerResult(
+        matching_combinations=[], per_combination={},
+        template={"kind": template.kind, "prefix": list(template.prefix), "suffix": list(template.suffix)},
+        llama_adds={"prefix": list(prefix), "suffix": list(suffix)},
+        gguf_flags=flags, normalizer=normalizer_steps(tokenizer_json),
+    )
+
+    def block(code: str, why: str, text: str | None = None) -> None:
+        result.blockers.append(Blocker(code=code, gate="runtime", why=why, text=text))
+
+    if prefix != template.prefix:
+        block("tokenizer.add_bos_mismatch", f"the template starts with {list(template.prefix)}, llama.cpp adds "
+              f"{list(prefix)} (GGUF add_bos_token={flags['add_bos_token']})")
+    if suffix != template.suffix:
+        block("tokenizer.add_eos_mismatch", f"the template ends with {list(template.suffix)}, llama.cpp adds "
+              f"{list(suffix)} (GGUF add_eos_token={flags['add_eos_token']})")
+    eos = flags["eos_token_id"]
+    if template.suffix and (len(template.suffix) > 1 or (eos is not None and template.suffix[0] != eos)):
+        block("tokenizer.template_token_mismatch", f"the template appends {list(template.suffix)}, but GGUF can "
+              f"auto-append only its EOS token ({eos})")
+    for combination in COMBINATIONS:
+        add_special, parse_special = combination
+        matched = 0
+        for text in texts:
+            hf_ids = hf(text.text, add_special=add_special, parse_special=parse_special)
+            llama_ids = llama(text.text, add_special=add_special, parse_special=parse_special)
+            matched += hf_ids == llama_ids
+            if combination == DEFAULT_COMBINATION:
+                result.default_ids_equal[text.label] = hf_ids == llama_ids
+                if hf_ids != llama_ids:
+                    result.mismatches.append({
+                        "label": text.label, "text": text.text, "hf_ids": hf_ids, "llama_ids": llama_ids,
+                        "first_divergence": _first_divergence(hf_ids, llama_ids),
+                    })
+        result.per_combination[_name(combination)] = matched
+        if matched == len(texts):
+            result.matching_combinations.append(_name(combination))
+    result.diagnosis = diagnose(result.mismatches, texts)
+    if not result.matching_combinations and ids_exact:
+        for mismatch in result.mismatches or [{"label": "all", "text": None}]:
+            block("tokenizer.ids_mismatch",
+                  f"no flag combination matches on every text; {mismatch['label']!r} differs "
+                  f"({result.diagnosis or 'other combinations differ'})", mismatch["text"])
+    return result
