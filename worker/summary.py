@@ -29,6 +29,41 @@ def _storage_lines(details: dict) -> list[str]:
     return lines
 
 
+def _runtime_lines(details: dict) -> list[str]:
+    lines = []
+    tokenizer = details.get("tokenizer")
+    if tokenizer:
+        texts = len(details.get("texts", []))
+        best = max(tokenizer["per_combination"].values(), default=0)
+        lines.append(f"    tokenizer: ids equal on {best}/{texts} texts in the best flag combination; "
+                     f"normaliser {', '.join(tokenizer['normalizer']) or 'none'}")
+        if tokenizer.get("diagnosis"):
+            lines.append(f"    diagnosis: {tokenizer['diagnosis']}")
+    embeddings = details.get("embeddings")
+    if embeddings:
+        retrieval = embeddings["retrieval"]
+        normalised = ", normalised" if embeddings["normalize"] else ""
+        lines.append(f"    embeddings ({embeddings['pooling']} pooling{normalised}): min cosine "
+                     f"{embeddings['min_cosine']:.6f}; retrieval top-1 agreement {retrieval['agreement']:.0%}")
+        if embeddings.get("diagnosis"):
+            lines.append(f"    diagnosis: {embeddings['diagnosis']}")
+    logits = (details.get("logits") or {}).get("summary")
+    if logits:
+        lines.append(f"    logits: NMSE {logits['nmse']:.3g}, KL mean {logits['kl_mean']:.3g} / p99 "
+                     f"{logits['kl_p99']:.3g} / max {logits['kl_max']:.3g}, top-1 agreement "
+                     f"{logits['top1_agreement']:.1%} over {logits['positions']} positions")
+    return lines
+
+
+def _where(blocker) -> str:
+    if blocker.tensor:
+        return f" {blocker.tensor}"
+    if blocker.text:
+        short = blocker.text if len(blocker.text) <= 40 else blocker.text[:37] + "..."
+        return f" text {short!r}"
+    return ""
+
+
 def render_summary(report: Report) -> str:
     lines = []
     if report.artifact:
@@ -39,10 +74,14 @@ def render_summary(report: Report) -> str:
         lines.append(f"gate {name:<8} {gate.status:<8} {gate.seconds:7.2f}s")
         if name == "storage":
             lines.extend(_storage_lines(gate.details))
+        elif name == "runtime":
+            lines.extend(_runtime_lines(gate.details))
+        elif name == "release" and gate.details.get("package"):
+            lines.append(f"    release package: {len(gate.details['package'])} file(s) digested")
     if report.blockers:
         lines.append(f"blockers ({len(report.blockers)}):")
         for blocker in report.blockers[:MAX_BLOCKERS_SHOWN]:
-            where = f" {blocker.tensor}" if blocker.tensor else ""
+            where = _where(blocker)
             lines.append(f"  - {blocker.code} [{blocker.gate}]{where}: {blocker.why}")
         if len(report.blockers) > MAX_BLOCKERS_SHOWN:
             lines.append(f"  … {len(report.blockers) - MAX_BLOCKERS_SHOWN} more in the JSON report")

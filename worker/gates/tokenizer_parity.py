@@ -104,7 +104,7 @@ def _first_divergence(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def diagnose(mismatches: list[dict[str, Any]], texts: tuple[Text, ...]) -> str | None:
+def diagnose(mismatches: list[dict[str, Any]], texts: tuple[Text, ...], normalizer: list[str]) -> str | None:
     """Name the shape of the failure, not just the count."""
     if not mismatches:
         return None
@@ -115,8 +115,8 @@ def diagnose(mismatches: list[dict[str, Any]], texts: tuple[Text, ...]) -> str |
     failing = {m["label"] for m in mismatches}
     ascii_failing = [t.label for t in texts if t.label in failing and t.text.isascii()]
     if not ascii_failing:
-        return ("ids diverge only on non-ASCII texts: the normaliser or pre-tokenizer differs "
-                "(e.g. HF decomposes Hangul syllables into jamo, llama.cpp does not)")
+        return (f"ids diverge only on non-ASCII texts ({', '.join(sorted(failing))}): normalisation differs "
+                f"(HF normaliser: {', '.join(normalizer) or 'none'}; llama.cpp does not reproduce it)")
     return "ids diverge on ASCII text too: vocabulary, merges or pre-tokenizer differ"
 
 
@@ -178,7 +178,7 @@ def check_tokenizer(
         result.per_combination[_name(combination)] = matched
         if matched == len(texts):
             result.matching_combinations.append(_name(combination))
-    result.diagnosis = diagnose(result.mismatches, texts)
+    result.diagnosis = diagnose(result.mismatches, texts, result.normalizer)
     if not result.matching_combinations and ids_exact:
         for mismatch in result.mismatches or [{"label": "all", "text": None}]:
             block("tokenizer.ids_mismatch",

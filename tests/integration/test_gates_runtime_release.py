@@ -1,0 +1,172 @@
+"""Gates 2 and 3 end to end on real conversions: GO when honest, NO-GO with the right code when
+the conversion (or the verifier's input) has the defect each check exists to catch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import codes, fixtures_root, run_gates
+from tests.gguf_rewrite import rewrite
+from worker.texts import DEFAULT_TEXTS
+
+pytestmark = pytest.mark.slow
+ENGLISH = (
+    "The quick brown fox jumps over the lazy dog.",
+    "How do I verify that a converted model matches the original weights?",
+    "Platform teams gate every quantized model before it ships.",
+    "a",
+)
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> Path:
+    root = fixtures_root() / "tiny-qwen3"
+    if not (root / "tiny-qwen3-Q8_0.gguf").exists():
+        pytest.skip("tiny-qwen3 fixture is not built (run: python3 dev.py setup)")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_llama() -> Path:
+    root = fixtures_root() / "tiny-llama"
+    if not (root / "tiny-llama-F32.gguf").exists():
+        pytest.skip("tiny-llama fixture is not built (run: python3 dev.py setup)")
+    return root
+
+
+def runtime(report) -> dict:
+    return report.gates["runtime"].details
+
+
+@pytest.mark.parametrize("gguf_type", ["F32", "F16", "Q8_0"])
+def test_minilm_all_gates_go_on_english(minilm, gguf_type):
+    report = run_gates(minilm / "source", minilm / f"minilm-{gguf_type}.gguf", {1, 2, 3}, texts=ENGLISH)
+    assert report.verdict == "GO", report.blockers
+    embeddings = runtime(report)["embeddings"]
+    assert embeddings["min_cosine"] > (0.9999 if gguf_type != "Q8_0" else 0.999)
+    assert embeddings["retrieval"]["agreement"] == 1.0
+    assert report.gates["release"].details["top1"] == embeddings["retrieval"]["candidate_top1"]
+    assert {"input kind: non-NFC input (every text was NFC)"} <= set(report.not_verified)
+
+
+def test_minilm_q4_0_cosine_below_threshold(minilm):
+    report = run_gates(minilm / "source", minilm / "minilm-Q4_0.gguf", {2}, texts=ENGLISH)
+    assert "embedding.cosine_below_threshold" in codes(report)
+    assert 0.9 < runtime(report)["embeddings"]["min_cosine"] < 0.99
+    assert "quantization error" in runtime(report)["embeddings"]["diagnosis"]
+
+
+def test_minilm_default_texts_name_the_hangul_divergence(minilm):
+    report = run_gates(minilm / "source", minilm / "minilm-F16.gguf", {2})
+    mismatched = {b.text for b in report.blockers if b.code == "tokenizer.ids_mismatch"}
+    korean = next(t.text for t in DEFAULT_TEXTS if t.label == "korean")
+    assert mismatched == {korean}
+    tokenizer = runtime(report)["tokenizer"]
+    assert "non-ASCII" in tokenizer["diagnosis"] and "korean" in tokenizer["diagnosis"]
+    assert tokenizer["mismatches"][0]["hf_ids"] != tokenizer["mismatches"][0]["llama_ids"]
+    assert "near-context-limit" in runtime(report)["texts"]
+
+
+def test_llama_cpp_add_bos_false_also_drops_the_automatic_eos(minilm):
+    from worker.runtime.llama_candidate import LlamaCandidate
+
+    candidate = LlamaCandidate(minilm / "minilm-F32.gguf", embedding=True, n_ctx=64)
+    try:
+        with_special = candidate.tokenize("hello", add_special=True, parse_special=False)
+        without = candidate.tokenize("hello", add_special=False, parse_special=False)
+    finally:
+        candidate.close()
+    assert with_special == [101, *without, 102]  # [CLS] ... [SEP]
+    assert 101 not in without and 102 not in without
+
+
+@pytest.mark.parametrize("gguf_type", ["F32", "Q8_0"])
+def test_qwen3_embedding_fixture_is_go(qwen3, gguf_type):
+    report = run_gates(qwen3 / "source", qwen3 / f"tiny-qwen3-{gguf_type}.gguf", {1, 2, 3}, texts=ENGLISH)
+    assert report.verdict == "GO", report.blockers
+    details = runtime(report)
+    assert details["embeddings"]["pooling"] == "last"
+    assert details["tokenizer"]["template"]["suffix"] == details["tokenizer"]["llama_adds"]["suffix"] != []
+    assert details["embeddings"]["retrieval"]["query_prompt"].startswith("Instruct:")
+
+
+def test_qwen3_nfd_input_diverges_by_normalisation(qwen3):
+    report = run_gates(qwen3 / "source", qwen3 / "tiny-qwen3-F32.gguf", {2})
+    assert {b.code for b in report.blockers} >= {"tokenizer.ids_mismatch"}
+    assert "NFC" in runtime(report)["tokenizer"]["diagnosis"]
+
+
+def test_qwen3_twin_without_add_eos_is_no_go(qwen3, tmp_path):
+    twin = rewrite(qwen3 / "tiny-qwen3-F32.gguf", tmp_path / "no-eos.gguf",
+                   set_keys={"tokenizer.ggml.add_eos_token": False})
+    report = run_gates(qwen3 / "source", twin, {1, 2, 3}, texts=ENGLISH)
+    assert "tokenizer.add_eos_mismatch" in codes(report)
+    assert report.gates["storage"].status == "passed"  # the weights are right; the runtime is not
+
+
+def test_qwen3_twin_with_other_pooling_is_no_go(qwen3, tmp_path):
+    twin = rewrite(qwen3 / "tiny-qwen3-F32.gguf", tmp_path / "mean.gguf", set_keys={"qwen3.pooling_type": 1})
+    report = run_gates(qwen3 / "source", twin, {1, 2, 3}, texts=ENGLISH)
+    assert "metadata.pooling_mismatch" in codes(report)
+    assert "embedding.cosine_below_threshold" in codes(report)
+    assert "pooling" in runtime(report)["embeddings"]["diagnosis"]
+
+
+def test_gguf_flags_are_judged_by_behaviour_bert_always_adds_cls_sep(minilm, tmp_path):
+    """llama.cpp's WPM tokenizer adds [CLS]/[SEP] whatever add_bos_token says: the check measures
+    what llama.cpp does, so this twin still matches its template (and the flag is reported)."""
+    twin = rewrite(minilm / "minilm-F16.gguf", tmp_path / "no-bos.gguf",
+                   set_keys={"tokenizer.ggml.add_bos_token": False})
+    report = run_gates(minilm / "source", twin, {2}, texts=ENGLISH)
+    tokenizer = runtime(report)["tokenizer"]
+    assert tokenizer["gguf_flags"]["add_bos_token"] is False
+    assert tokenizer["llama_adds"]["prefix"] == tokenizer["template"]["prefix"] == [101]
+    assert "tokenizer.add_bos_mismatch" not in codes(report)
+
+
+def test_spm_twin_without_add_bos_is_no_go(tiny_llama, tmp_path):
+    twin = rewrite(tiny_llama / "tiny-llama-F32.gguf", tmp_path / "no-bos.gguf",
+                   set_keys={"tokenizer.ggml.add_bos_token": False})
+    report = run_gates(tiny_llama / "source", twin, {2}, texts=ENGLISH)
+    assert "tokenizer.add_bos_mismatch" in codes(report)
+
+
+def test_template_appending_a_non_eos_token_is_no_go(minilm, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(minilm / "source", source)
+    data = json.loads((source / "tokenizer.json").read_text())
+    data["post_processor"]["single"][-1] = {"SpecialToken": {"id": "[MASK]", "type_id": 0}}
+    data["post_processor"]["special_tokens"]["[MASK]"] = {"id": "[MASK]", "ids": [103], "tokens": ["[MASK]"]}
+    (source / "tokenizer.json").write_text(json.dumps(data))
+    report = run_gates(source, minilm / "minilm-F16.gguf", {2}, texts=ENGLISH)
+    assert {"tokenizer.template_token_mismatch", "tokenizer.add_eos_mismatch"} <= codes(report)
+
+
+def test_wrong_digest_is_no_go_before_any_gate(minilm):
+    report = run_gates(minilm / "source", minilm / "minilm-F16.gguf", {1, 2, 3}, expected_sha256="ab" * 32)
+    assert codes(report) == {"artifact.sha256_mismatch"}
+    assert {gate.status for gate in report.gates.values()} == {"not_run"}
+
+
+def test_causal_lm_logits_parity_go(tiny_llama):
+    report = run_gates(tiny_llama / "source", tiny_llama / "tiny-llama-F32.gguf", {2, 3}, texts=ENGLISH)
+    logits = runtime(report)["logits"]["summary"]
+    assert not [b for b in report.blockers if b.code.startswith(("logits.", "release."))], report.blockers
+    assert logits["nmse"] < 1e-4 and logits["kl_mean"] < 1e-4 and logits["top1_agreement"] == 1.0
+    assert report.gates["release"].details["top1_equal_to_gate2"] is True
+
+
+def test_causal_lm_with_corrupted_output_head_fails_logits(tiny_llama, tmp_path):
+    from tests.conftest import defect_copy
+
+    def scramble(raw):
+        values = raw.view("<f4")
+        values[:] = values[::-1].copy()
+
+    twin = defect_copy(tiny_llama / "tiny-llama-F32.gguf", tmp_path, "output.weight", scramble)
+    report = run_gates(tiny_llama / "source", twin, {2}, texts=ENGLISH)
+    assert {"logits.nmse_above_threshold", "logits.kl_above_threshold"} <= codes(report)
