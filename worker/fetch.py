@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import shutil
+import ssl
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,13 +38,13 @@ class FetchError(ConvgateError):
 @dataclass(frozen=True, kw_only=True)
 class FetchPolicy:
     """What may be fetched. `allowed_hosts=None` allows any host (the URI policy of the service
-    narrows this further); `verify` is passed to httpx (a CA bundle path in tests)."""
+    narrows this further); `verify` is passed to httpx (an SSLContext trusting a test CA in tests)."""
 
     allow_file: bool = True
     allowed_hosts: tuple[str, ...] | None = None
     max_bytes: int = 200 * 2**30
     timeout_s: float = 60.0
-    verify: bool | str = True
+    verify: bool | ssl.SSLContext = True
     hf_endpoint: str | None = None
     check_url: Callable[[str], None] | None = None
 
@@ -143,9 +144,10 @@ def _fetch_hf(match: re.Match[str], expected: str | None, store: ContentStore, p
     try:
         infos = HfApi(endpoint=policy.hf_endpoint).get_paths_info(repo, [path], revision=revision)
         lfs_sha = next((info.lfs.sha256 for info in infos if getattr(info, "lfs", None)), None)
+        store.root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=store.root) as scratch:
             local = Path(hf_hub_download(repo, path, revision=revision, cache_dir=scratch,
-                                         endpoint=policy.hf_endpoint))
+                                         endpoint=policy.hf_endpoint)).resolve()  # the blob, not the link
             actual = sha256_file(local)
             if lfs_sha is not None and actual != lfs_sha:
                 raise _mismatch(actual, f"{lfs_sha} (the hub's LFS digest)")
