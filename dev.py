@@ -61,7 +61,8 @@ def demo() -> int:
         VENV / "bin" / "convgate", "verify",
         "--source", FIXTURES / "minilm" / "source",
         "--artifact", FIXTURES / "minilm" / "minilm-Q8_0.gguf",
-        "--gates", "1",
+        "--texts", ROOT / "examples" / "english.txt",
+        "--cache-dir", FIXTURES / "cache",
         "--report", report,
     )
     print(f"\nfull JSON report: {report.relative_to(ROOT)}", file=sys.stderr)

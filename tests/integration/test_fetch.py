@@ -21,14 +21,16 @@ PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
+ROUTES: dict[str, tuple[int, dict[str, str], bytes]] = {}
+
+
 class Handler(BaseHTTPRequestHandler):
-    routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
 
     def log_message(self, *args) -> None:  # keep test output clean
         return None
 
     def _answer(self, with_body: bool) -> None:
-        status, headers, body = self.routes.get(self.path, (404, {}, b"not found"))
+        status, headers, body = ROUTES.get(self.path, (404, {}, b"not found"))
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value.replace("{port}", str(self.server.server_address[1])))
@@ -85,7 +87,7 @@ def store(tmp_path) -> ContentStore:
     return ContentStore(tmp_path / "cache")
 
 
-Handler.routes.update({
+ROUTES.update({
     "/model.gguf": (200, {}, PAYLOAD),
     "/redirect-ok": (302, {"Location": "/model.gguf"}, b""),
     "/redirect-http": (302, {"Location": "http://127.0.0.1:{port}/model.gguf"}, b""),
@@ -140,7 +142,7 @@ def test_unreachable_host_is_a_clear_error(policy, store):
 def test_plain_http_and_untrusted_certificates_are_refused(https_server, store):
     with pytest.raises(FetchError, match="unsupported URI scheme 'http'"):
         fetch_artifact(f"http://127.0.0.1:{https_server}/model.gguf", None, store, FetchPolicy())
-    with pytest.raises(FetchError, match="CERTIFICATE|SSL|certificate"):
+    with pytest.raises(FetchError, match=r"CERTIFICATE|SSL|certificate"):
         fetch_artifact(url(https_server, "/model.gguf"), None, store, FetchPolicy(timeout_s=5))
 
 
@@ -157,10 +159,10 @@ def hub_routes(repo: str, name: str, body: bytes, lfs_sha: str) -> None:
     resolve = f"/{repo}/resolve/{COMMIT}/{name}"
     headers = {"X-Repo-Commit": COMMIT, "X-Linked-Etag": f'"{lfs_sha}"', "X-Linked-Size": str(len(body)),
                "ETag": f'"{lfs_sha}"'}
-    Handler.routes[resolve] = (200, headers, body)
+    ROUTES[resolve] = (200, headers, body)
     info = [{"type": "file", "path": name, "size": len(body), "oid": "f" * 40,
              "lfs": {"oid": lfs_sha, "size": len(body), "pointerSize": 134}}]
-    Handler.routes[f"/api/models/{repo}/paths-info/{COMMIT}"] = (200, {"Content-Type": "application/json"},
+    ROUTES[f"/api/models/{repo}/paths-info/{COMMIT}"] = (200, {"Content-Type": "application/json"},
                                                                  json.dumps(info).encode())
 
 
