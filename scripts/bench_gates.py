@@ -63,8 +63,9 @@ def main() -> None:
     parser.add_argument("--fixtures", type=Path, default=Path(".fixtures"))
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    cases = [("minilm F16", args.fixtures / "minilm" / "source", args.fixtures / "minilm" / "minilm-F16.gguf"),
-             ("qwen3 F32", args.fixtures / "tiny-qwen3" / "source", args.fixtures / "tiny-qwen3" / "tiny-qwen3-F32.gguf")]
+    minilm, qwen3 = args.fixtures / "minilm", args.fixtures / "tiny-qwen3"
+    cases = [("minilm F16", minilm / "source", minilm / "minilm-F16.gguf"),
+             ("qwen3 F32", qwen3 / "source", qwen3 / "tiny-qwen3-F32.gguf")]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(TEXTS) + "\n")
     texts = Path(handle.name)
