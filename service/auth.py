@@ -1,0 +1,33 @@
+"""Bearer tokens with roles. Secrets are random (256 bits) and stored only as sha256 digests."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from enum import StrEnum
+
+TOKEN_PREFIX = "cg_"
+
+
+class Role(StrEnum):
+    SUBMITTER = "submitter"
+    OPERATOR = "operator"
+    AUDITOR = "auditor"
+    ADMIN = "admin"
+
+
+def new_secret() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(secret: str) -> str:
+    """High-entropy random secrets need no slow hash: sha256 makes the stored value useless to a thief."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+# Who may call what. Submitters see and cancel only their own verifications (enforced in the endpoints).
+READ_ANY = frozenset({Role.OPERATOR, Role.AUDITOR, Role.ADMIN})
+SUBMIT = frozenset({Role.SUBMITTER, Role.ADMIN})
+READ_OWN_OR_ANY = READ_ANY | {Role.SUBMITTER}
+CANCEL = frozenset({Role.SUBMITTER, Role.OPERATOR, Role.ADMIN})
+OPERATE = frozenset({Role.OPERATOR, Role.ADMIN})

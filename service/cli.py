@@ -1,0 +1,172 @@
+"""The `convgate` command: `verify` (the engine, local) plus the service commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+from service.auth import Role, digest, new_secret
+from service.client import ApiError, Client
+from service.config import Settings
+from worker.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_NO_GO, verify_command
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Verify model conversions before they ship.")
+app.command("verify")(verify_command)
+tokens_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API tokens.")
+worker_app = typer.Typer(no_args_is_help=True, help="The Job entrypoint.")
+db_app = typer.Typer(no_args_is_help=True, help="Database migrations.")
+app.add_typer(tokens_app, name="tokens")
+app.add_typer(worker_app, name="worker")
+app.add_typer(db_app, name="db")
+stderr = Console(stderr=True)
+UrlOpt = Annotated[str | None, typer.Option(help="server URL (or CONVGATE_URL)")]
+TokenOpt = Annotated[str | None, typer.Option(help="bearer token (or CONVGATE_TOKEN)")]
+
+
+def _factory(settings: Settings):
+    from service.persistence.db import make_engine, session_factory
+
+    return session_factory(make_engine(settings.database_url))
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Migrate the database (CONVGATE_DATABASE_URL) to `revision`."""
+    from service.persistence.migrate import upgrade
+
+    upgrade(Settings().database_url, revision)
+
+
+@tokens_app.command("create")
+def tokens_create(name: str, role: Annotated[Role, typer.Option()]) -> None:
+    """Create a token; the secret is printed once and stored only as a digest."""
+    from service.persistence import repository
+    from service.persistence.db import transaction
+
+    secret = new_secret()
+    with transaction(_factory(Settings())) as session:
+        repository.add_token(session, name, role.value, digest(secret))
+    sys.stdout.write(secret + "\n")
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(name: str) -> None:
+    from service.persistence import repository
+    from service.persistence.db import transaction
+
+    with transaction(_factory(Settings())) as session:
+        if not repository.revoke_token(session, name):
+            stderr.print(f"no active token named {name!r}")
+            raise typer.Exit(1)
+
+
+@tokens_app.command("list")
+def tokens_list() -> None:
+    from service.persistence import repository
+
+    with _factory(Settings())() as session:
+        table = Table("name", "role", "created", "revoked")
+        for token in repository.list_tokens(session):
+            table.add_row(token.name, token.role, str(token.created_at), str(token.revoked_at or ""))
+    Console().print(table)
+
+
+@worker_app.command("run")
+def worker_run(verification_id: Annotated[str, typer.Option()],
+               worker_name: Annotated[str | None, typer.Option()] = None) -> None:
+    """Run one verification attempt and store its verdict (what a pool process or a Job runs)."""
+    from service.job import run_verification
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    name = worker_name or f"{os.uname().nodename}:{os.getpid()}"
+    raise typer.Exit(run_verification(Settings(), verification_id, name))
+
+
+@app.command("serve")
+def serve(host: str = "127.0.0.1", port: int = 8080,
+          migrate: Annotated[bool, typer.Option(help="migrate the database to head first")] = True) -> None:
+    """Run the API (and, for the local dispatcher, the worker pool)."""
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.persistence.migrate import upgrade
+
+    settings = Settings()
+    if migrate:
+        upgrade(settings.database_url)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+def _wait(client: Client, verification_id: str) -> dict:
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
+        task = progress.add_task("queued", total=None)
+        while True:
+            current = client.get(verification_id)
+            stage = current.get("progress") or {}
+            progress.update(task, description=f"{current['state']} {stage.get('stage', '')}",
+                            completed=stage.get("done", 0), total=stage.get("total") or None)
+            if current["state"] in ("completed", "failed", "cancelled"):
+                return current
+            time.sleep(0.5)
+
+
+@app.command("submit")
+def submit(source: str, artifact: str, sha256: Annotated[str, typer.Option()],
+           url: UrlOpt = None, token: TokenOpt = None, kind: str = "auto", policy: Path | None = None,
+           texts: Path | None = None, idempotency_key: str | None = None,
+           wait: Annotated[bool, typer.Option(help="wait for the verdict with a progress display")] = False) -> None:
+    """Submit a verification to the service; with --wait, exit 0 for GO and 1 for NO-GO."""
+    body: dict = {"source_uri": source, "artifact_uri": artifact, "artifact_sha256": sha256, "kind": kind}
+    if policy is not None:
+        body["policy"] = json.loads(policy.read_text())
+    if texts is not None:
+        body["texts"] = [line for line in texts.read_text(encoding="utf-8").splitlines() if line]
+    client = Client(url, token)
+    try:
+        created = client.submit(body, idempotency_key)
+        sys.stdout.write(f"{created['id']}\n")
+        if not wait:
+            return
+        final = _wait(client, created["id"])
+    except ApiError as exc:
+        stderr.print(f"convgate: {exc}", markup=False)
+        raise typer.Exit(EXIT_CANNOT_RUN) from exc
+    verdict = final.get("verdict") or final["state"].upper()
+    sys.stdout.write(f"report: {created['links']['report']}\n{verdict}\n")
+    raise typer.Exit(EXIT_GO if verdict == "GO" else EXIT_NO_GO if verdict == "NO-GO" else EXIT_CANNOT_RUN)
+
+
+@app.command("status")
+def status(verification_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    try:
+        sys.stdout.write(json.dumps(Client(url, token).get(verification_id), indent=2) + "\n")
+    except ApiError as exc:
+        stderr.print(f"convgate: {exc}", markup=False)
+        raise typer.Exit(EXIT_CANNOT_RUN) from exc
+
+
+@app.command("report")
+def report(verification_id: str, url: UrlOpt = None, token: TokenOpt = None,
+           output_format: Annotated[str, typer.Option("--format", help="json, markdown or html")] = "markdown") -> None:
+    accept = {"json": "application/json", "markdown": "text/markdown", "html": "text/html"}[output_format]
+    try:
+        sys.stdout.write(Client(url, token).report(verification_id, accept) + "\n")
+    except ApiError as exc:
+        stderr.print(f"convgate: {exc}", markup=False)
+        raise typer.Exit(EXIT_CANNOT_RUN) from exc
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,39 @@
+"""The dispatcher contract. Implementations are listed explicitly by name (no import side effects);
+one generic loop (`loop.py`) drives any of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExit:
+    verification_id: str
+    reason: str  # e.g. "exit code 1", "killed by signal 9"
+    clean: bool  # exit code 0: the worker recorded its own outcome
+
+
+class Dispatcher(Protocol):
+    name: str
+    identity: str  # recorded as the verification's worker, e.g. "local:host:pid"
+
+    def capacity(self) -> int:
+        """How many more verifications may start now."""
+
+    def launch(self, verification_id: str) -> None:
+        """Start `convgate worker run --verification-id ID` somewhere."""
+
+    def reap(self) -> list[WorkerExit]:
+        """Workers that ended since the last call."""
+
+    def active(self) -> set[str]:
+        """Verification ids with a live worker of this dispatcher."""
+
+    def cancel(self, verification_id: str) -> None:
+        """Stop the worker of a cancelled verification."""
+
+    def owns_dead(self, worker: str | None) -> bool:
+        """True when `worker` names a worker of an earlier instance of this dispatcher that is gone."""
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,87 @@
+"""One generic dispatch loop for every dispatcher: reap, reconcile, cancel, claim, launch."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.dispatch.base import Dispatcher
+from service.dispatch.local import LocalPool
+from service.persistence import repository
+from service.persistence.db import transaction
+from service.states import State
+
+log = logging.getLogger("convgate.dispatch")
+
+DISPATCHERS: dict[str, type] = {"local": LocalPool}
+
+
+class DispatchLoop:
+    def __init__(self, dispatcher: Dispatcher, factory: sessionmaker[Session], settings: Settings) -> None:
+        self.dispatcher = dispatcher
+        self.factory = factory
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_settings(cls, settings: Settings, factory: sessionmaker[Session]) -> DispatchLoop:
+        try:
+            implementation = DISPATCHERS[settings.dispatcher]
+        except KeyError as exc:
+            raise ValueError(f"unknown dispatcher {settings.dispatcher!r}; known: {sorted(DISPATCHERS)}") from exc
+        return cls(implementation(settings), factory, settings)
+
+    def tick(self) -> None:
+        """One pass; safe to call repeatedly (tests drive it directly)."""
+        for worker_exit in self.dispatcher.reap():
+            with transaction(self.factory) as session:
+                verification = repository.get_verification(session, worker_exit.verification_id)
+                if verification is not None and verification.state in (State.DISPATCHED, State.RUNNING):
+                    state = repository.end_attempt_without_verdict(
+                        session, verification.id, None, f"worker ended without a verdict ({worker_exit.reason})")
+                    log.warning("verification %s: worker %s -> %s", verification.id, worker_exit.reason, state)
+        active = self.dispatcher.active()
+        with transaction(self.factory) as session:
+            for verification in repository.active(session, limit=10_000):
+                if verification.id in active:
+                    continue
+                lost = self.dispatcher.owns_dead(verification.worker)
+                if verification.state in (State.DISPATCHED, State.RUNNING) and lost:
+                    repository.end_attempt_without_verdict(session, verification.id, None,
+                                                           "its dispatcher restarted and the worker is gone")
+            for verification in repository.stale_attempts(session, timedelta(seconds=self.settings.lease_seconds)):
+                if verification.id not in active:
+                    repository.end_attempt_without_verdict(session, verification.id, None, "heartbeat lost")
+            for verification_id in active:
+                verification = repository.get_verification(session, verification_id)
+                if verification is not None and verification.state == State.CANCELLED:
+                    self.dispatcher.cancel(verification_id)
+        capacity = self.dispatcher.capacity()
+        if capacity:
+            with transaction(self.factory) as session:
+                claimed = [v.id for v in repository.claim_queued(session, capacity, self.dispatcher.identity)]
+            for verification_id in claimed:
+                self.dispatcher.launch(verification_id)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("dispatch tick failed; retrying")
+            self._stop.wait(self.settings.poll_seconds)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="convgate-dispatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.dispatcher.shutdown()

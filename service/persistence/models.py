@@ -1,0 +1,115 @@
+"""Tables. Constraints that matter live in the database: one verdict per verification (unique),
+one idempotency key per submitter (unique), verdicts and their evidence immutable (triggers, in
+the migration)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Verification(Base):
+    __tablename__ = "verifications"
+    __table_args__ = (
+        UniqueConstraint("submitted_by", "idempotency_key", name="uq_verifications_idempotency"),
+        Index("ix_verifications_created", "created_at", "id"),
+        Index("ix_verifications_state_created", "state", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    submitted_by: Mapped[str] = mapped_column(String(128))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    source_uri: Mapped[str] = mapped_column(Text, index=True)
+    artifact_uri: Mapped[str] = mapped_column(Text)
+    artifact_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    policy_sha256: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    reason: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    verdict_result: Mapped[str | None] = mapped_column(String(8), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class VerificationEvent(Base):
+    __tablename__ = "verification_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    message: Mapped[str] = mapped_column(Text)
+
+
+class Verdict(Base):
+    __tablename__ = "verdicts"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"), unique=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(8))
+    blocker_codes: Mapped[list[Any]] = mapped_column(JSON)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class GateResultRow(Base):
+    __tablename__ = "gate_results"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    verdict_id: Mapped[int] = mapped_column(ForeignKey("verdicts.id"), index=True)
+    gate: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    seconds: Mapped[float] = mapped_column(Float)
+
+
+class TensorRowRecord(Base):
+    __tablename__ = "tensor_rows"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    verdict_id: Mapped[int] = mapped_column(ForeignKey("verdicts.id"), index=True)
+    gguf_name: Mapped[str] = mapped_column(String(128))
+    gguf_type: Mapped[str] = mapped_column(String(16))
+    check_kind: Mapped[str] = mapped_column(String(16))
+    max_abs: Mapped[float] = mapped_column(Float)
+    rel_l2: Mapped[float] = mapped_column(Float)
+    result: Mapped[str] = mapped_column(String(8))
+
+
+class FileDigestRecord(Base):
+    __tablename__ = "file_digests"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    verdict_id: Mapped[int] = mapped_column(ForeignKey("verdicts.id"), index=True)
+    uri: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)

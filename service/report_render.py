@@ -1,0 +1,65 @@
+"""A stored report as Markdown or HTML, ending with a model-card section a release can paste:
+digests of every file, thresholds, results and what was not verified."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+POLICY_KEYS = ("min_cosine", "token_ids_exact", "require_top1_equal", "reproduce_quantized", "tie_ulps",
+               "max_logits_nmse", "max_kl_mean", "max_kl_p99", "min_top1_agreement")
+
+
+def _gate_lines(report: dict[str, Any]) -> list[str]:
+    lines = ["| gate | status | seconds |", "|---|---|---|"]
+    for name, gate in report["gates"].items():
+        lines.append(f"| {name} | {gate['status']} | {gate['seconds']:.2f} |")
+    return lines
+
+
+def _results(report: dict[str, Any]) -> list[str]:
+    lines = []
+    storage = report["gates"].get("storage", {}).get("details", {})
+    for gguf_type, kinds in storage.get("check_kinds", {}).items():
+        lines.append(f"- {gguf_type}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
+    embeddings = report["gates"].get("runtime", {}).get("details", {}).get("embeddings")
+    if embeddings:
+        lines.append(f"- embeddings: min cosine {embeddings['min_cosine']:.6f}, retrieval top-1 agreement "
+                     f"{embeddings['retrieval']['agreement']:.0%}")
+    logits = (report["gates"].get("runtime", {}).get("details", {}).get("logits") or {}).get("summary")
+    if logits:
+        lines.append(f"- logits: NMSE {logits['nmse']:.3g}, KL mean {logits['kl_mean']:.3g}, "
+                     f"top-1 agreement {logits['top1_agreement']:.1%}")
+    return lines
+
+
+def model_card(report: dict[str, Any]) -> list[str]:
+    values = report["policy"]["values"]
+    lines = ["## Verification (model card section)", "",
+             f"Verdict: **{report['verdict']}** under convgate policy {values['version']} "
+             f"(sha256 `{report['policy']['sha256']}`).", "", "Files:", "",
+             "| file | sha256 | bytes |", "|---|---|---|"]
+    lines += [f"| {f['uri']} | `{f['sha256']}` | {f['size']} |" for f in report["files"]]
+    lines += ["", "Thresholds: " + ", ".join(f"{k}={values[k]}" for k in POLICY_KEYS if k in values), "",
+              "Results:", "", *(_results(report) or ["- (no gate results)"]), "", "Not verified:", ""]
+    lines += [f"- {item}" for item in report["not_verified"]]
+    return lines
+
+
+def to_markdown(verification_id: str, report: dict[str, Any]) -> str:
+    lines = [f"# convgate verification {verification_id}", "", f"**{report['verdict']}**", "",
+             f"Artifact: `{report['artifact']['uri']}` sha256 `{report['artifact']['sha256']}`"
+             if report.get("artifact") else "Artifact: (not fetched)", "", *_gate_lines(report), ""]
+    if report["blockers"]:
+        lines += ["## Blockers", ""]
+        lines += [f"- `{b['code']}` ({b['gate']}) {b.get('tensor') or ''} {b['why']}" for b in report["blockers"]]
+        lines.append("")
+    return "\n".join(lines + model_card(report)) + "\n"
+
+
+def to_html(verification_id: str, report: dict[str, Any]) -> str:
+    """Minimal, dependency-free HTML: every line of the Markdown, escaped, tables kept as text."""
+    body = "\n".join(f"<p>{html.escape(line)}</p>" if line else "" for line in
+                     to_markdown(verification_id, report).splitlines())
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>convgate {html.escape(verification_id)}"
+            f"</title></head><body>{body}</body></html>")

@@ -1,0 +1,104 @@
+"""Submission, reading and cancelling verifications: stateless logic, session passed in."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+from service.persistence import repository
+from service.persistence.models import Verification
+from service.schemas import SubmitRequest, VerificationOut
+from service.states import TERMINAL, State
+from service.uri_policy import UriPolicy, UriRefusedError
+from worker.policy import Policy
+
+
+class SubmissionError(ValueError):
+    """The submission is invalid (unknown policy, refused URI): HTTP 422."""
+
+
+class IdempotencyConflictError(ValueError):
+    """The idempotency key was used before with a different request: HTTP 409."""
+
+
+def uri_policy(settings: Settings) -> UriPolicy:
+    return UriPolicy(allow_file=settings.allow_file_uris, allowed_hosts=settings.allowed_hosts,
+                     allow_private_addresses=settings.allow_private_addresses)
+
+
+def _resolve_policy(settings: Settings, requested: str | Policy) -> Policy:
+    if isinstance(requested, Policy):
+        return requested
+    if requested not in settings.policies:
+        raise SubmissionError(f"unknown policy {requested!r}; known: {sorted(settings.policies)}")
+    return settings.policies[requested]
+
+
+def submit(session: Session, settings: Settings, submitter: str, body: SubmitRequest,
+           idempotency_key: str | None) -> tuple[Verification, bool]:
+    """Store a verification (thresholds fixed now, with their hash); returns it and whether it is new."""
+    policy = _resolve_policy(settings, body.policy)
+    checker = uri_policy(settings)
+    try:
+        checker.check(body.source_uri, directory=True)
+        checker.check(body.artifact_uri)
+        for uri in body.release_files:
+            if not uri.startswith("file://"):
+                raise UriRefusedError("release files are file:// URIs")
+            checker.check(uri)
+    except UriRefusedError as exc:
+        raise SubmissionError(str(exc)) from exc
+    request: dict[str, Any] = body.model_dump(mode="json", exclude={"policy"})
+    request_sha256 = hashlib.sha256(
+        json.dumps({"request": request, "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
+    if idempotency_key is not None:
+        existing = repository.by_idempotency_key(session, submitter, idempotency_key)
+        if existing is not None:
+            return _same_request(existing, request_sha256), False
+    try:
+        with session.begin_nested():
+            verification = repository.insert_verification(
+                session, submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
+                request=request, policy=policy.model_dump(mode="json"), policy_sha256=policy.sha256(),
+                max_attempts=settings.max_attempts)
+    except IntegrityError:
+        existing = repository.by_idempotency_key(session, submitter, idempotency_key or "")
+        if existing is None:
+            raise
+        return _same_request(existing, request_sha256), False
+    return verification, True
+
+
+def _same_request(existing: Verification, request_sha256: str) -> Verification:
+    if existing.request_sha256 != request_sha256:
+        raise IdempotencyConflictError("this Idempotency-Key was used for a different request")
+    return existing
+
+
+def cancel(session: Session, verification: Verification, by: str) -> Verification:
+    if verification.state not in TERMINAL:
+        repository.transition(session, verification, State.CANCELLED, f"cancelled by {by}", progress=None)
+    return verification
+
+
+def to_out(session: Session, verification: Verification, *, with_blockers: bool = True) -> VerificationOut:
+    blockers = None
+    if with_blockers and verification.verdict_result is not None:
+        verdict = repository.verdict_for(session, verification.id)
+        blockers = list(verdict.blocker_codes) if verdict else None
+    base = f"/v1/verifications/{verification.id}"
+    return VerificationOut(
+        id=verification.id, state=verification.state, attempt=verification.attempt,
+        max_attempts=verification.max_attempts, submitted_by=verification.submitted_by,
+        source_uri=verification.source_uri, artifact_uri=verification.artifact_uri,
+        artifact_sha256=verification.artifact_sha256, policy_sha256=verification.policy_sha256,
+        created_at=repository.as_utc(verification.created_at), started_at=repository.as_utc(verification.started_at),
+        finished_at=repository.as_utc(verification.finished_at), progress=verification.progress,
+        reason=verification.reason, verdict=verification.verdict_result, blockers=blockers,
+        links={"self": base, "report": f"{base}/report", "events": f"{base}/events", "cancel": f"{base}/cancel"},
+    )
