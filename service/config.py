@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     allow_file_uris: bool = True
     allowed_hosts: tuple[str, ...] | None = None
     allow_private_addresses: bool = Field(False, description="testing only: let https:// reach loopback/private")
+    trusted_hosts: tuple[str, ...] = Field((), description="hosts exempt from the address checks (internal mirrors)")
     hf_endpoint: str | None = None
     policies: dict[str, Policy] = Field(default_factory=lambda: {"default": Policy()})
     metrics_public: bool = True

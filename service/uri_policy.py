@@ -24,6 +24,7 @@ class UriPolicy:
     allow_file: bool
     allowed_hosts: tuple[str, ...] | None = None
     allow_private_addresses: bool = False
+    trusted_hosts: tuple[str, ...] = ()
 
     def check(self, uri: str, *, directory: bool = False) -> None:
         parsed = urlparse(uri)
@@ -43,7 +44,7 @@ class UriPolicy:
         host = urlparse(url).hostname or ""
         if self.allowed_hosts is not None and host not in self.allowed_hosts:
             raise UriRefusedError(f"host {host!r} is not in the allowed hosts")
-        if self.allow_private_addresses:
+        if self.allow_private_addresses or host in self.trusted_hosts:
             return
         if host.lower() in METADATA_HOSTS:
             raise UriRefusedError(f"host {host!r} is a metadata service")

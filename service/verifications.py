@@ -28,7 +28,7 @@ class IdempotencyConflictError(ValueError):
 
 def uri_policy(settings: Settings) -> UriPolicy:
     return UriPolicy(allow_file=settings.allow_file_uris, allowed_hosts=settings.allowed_hosts,
-                     allow_private_addresses=settings.allow_private_addresses)
+                     allow_private_addresses=settings.allow_private_addresses, trusted_hosts=settings.trusted_hosts)
 
 
 def _resolve_policy(settings: Settings, requested: str | Policy) -> Policy:

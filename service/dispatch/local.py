@@ -13,7 +13,7 @@ from service.config import Settings
 from service.dispatch.base import WorkerExit
 
 WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_hosts", "allow_private_addresses",
-                   "hf_endpoint", "lease_seconds", "max_attempts")
+                   "trusted_hosts", "hf_endpoint", "lease_seconds", "max_attempts")
 
 
 def worker_environment(settings: Settings) -> dict[str, str]:

@@ -1,0 +1,198 @@
+"""The HTTP API on the embedded default (SQLite): every endpoint's roles, submission rules,
+idempotency, reports by Accept header, list filters and cursors, queue, metrics, probes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.auth import Role
+from service.persistence import repository
+from service.persistence.db import transaction
+from tests.service.conftest import add_token, settings_for
+
+SHA = "b" * 64
+
+
+@pytest.fixture
+def api(sqlite_url, tmp_path):
+    settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True)
+    app = create_app(settings, run_dispatcher=False)
+    tokens = {role: add_token(sqlite_url, role, f"{role.value}-1") for role in Role}
+    tokens["other-submitter"] = add_token(sqlite_url, Role.SUBMITTER, "submitter-2")
+    with TestClient(app) as client:
+        client.tokens = tokens
+        client.app_state = app.state
+        yield client
+
+
+def auth(api, who) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api.tokens[who]}"}
+
+
+def body(**overrides) -> dict:
+    return {"source_uri": "file:///models/m", "artifact_uri": "file:///models/m.gguf", "artifact_sha256": SHA,
+            **overrides}
+
+
+def submit(api, who=Role.SUBMITTER, key=None, **overrides):
+    headers = auth(api, who) | ({"Idempotency-Key": key} if key else {})
+    return api.post("/v1/verifications", json=body(**overrides), headers=headers)
+
+
+def complete(api, verification_id: str, verdict: str = "GO", sha: str = SHA) -> None:
+    report = {"verdict": verdict, "blockers": [] if verdict == "GO" else [{"code": "tensor.value_mismatch",
+              "gate": "storage", "why": "x", "tensor": "t", "text": None}],
+              "gates": {"storage": {"name": "storage", "status": "passed", "seconds": 2.0, "details": {}}},
+              "policy": {"values": {"version": "v", "min_cosine": 0.99}, "sha256": "p" * 64},
+              "artifact": {"uri": "file:///models/m.gguf", "sha256": sha, "size": 1},
+              "files": [{"uri": "file:///models/m.gguf", "sha256": sha, "size": 1}],
+              "not_verified": ["retrieval quality"], "environment": {}, "timings": {}}
+    with transaction(api.app_state.session_factory) as session:
+        attempt = repository.start_attempt(session, verification_id, "test").attempt
+        assert repository.record_verdict(session, verification_id, attempt, report)
+
+
+ROLE_MATRIX = [
+    # (method, path template, allowed roles)
+    ("POST", "/v1/verifications", {Role.SUBMITTER, Role.ADMIN}),
+    ("GET", "/v1/verifications/{id}", set(Role)),
+    ("GET", "/v1/verifications", set(Role)),
+    ("GET", "/v1/verifications/{id}/report", set(Role)),
+    ("GET", "/v1/verifications/{id}/events", set(Role)),
+    ("POST", "/v1/verifications/{id}/cancel", {Role.SUBMITTER, Role.OPERATOR, Role.ADMIN}),
+    ("GET", "/v1/queue", {Role.OPERATOR, Role.ADMIN}),
+    ("GET", "/ui/queue/table", {Role.OPERATOR, Role.ADMIN}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), ROLE_MATRIX, ids=[f"{m} {p}" for m, p, _ in ROLE_MATRIX])
+def test_every_endpoint_admits_exactly_its_roles(api, method, path, allowed):
+    for role in Role:
+        created = submit(api, key=f"{method}{path}{role}").json()["id"]
+        complete(api, created)
+        kwargs = {"json": body()} if method == "POST" and path == "/v1/verifications" else {}
+        response = api.request(method, path.format(id=created), headers=auth(api, role), **kwargs)
+        assert (response.status_code < 400) == (role in allowed), (role, response.status_code, response.text)
+        if role not in allowed:
+            assert response.status_code == 403
+    assert api.request(method, path.format(id="x")).status_code == 401
+    assert api.request(method, path.format(id="x"), headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_revoked_token_is_refused(api, sqlite_url):
+    from service.persistence.db import make_engine, session_factory
+
+    engine = make_engine(sqlite_url)
+    with transaction(session_factory(engine)) as session:
+        assert repository.revoke_token(session, "auditor-1")
+    engine.dispose()
+    assert api.get("/v1/verifications", headers=auth(api, Role.AUDITOR)).status_code == 401
+
+
+def test_submitters_see_only_their_own(api):
+    mine = submit(api).json()["id"]
+    theirs = submit(api, who="other-submitter").json()["id"]
+    assert api.get(f"/v1/verifications/{theirs}", headers=auth(api, Role.SUBMITTER)).status_code == 404
+    listed = api.get("/v1/verifications", headers=auth(api, Role.SUBMITTER)).json()["items"]
+    assert [item["id"] for item in listed] == [mine]
+    assert {i["id"] for i in api.get("/v1/verifications", headers=auth(api, Role.AUDITOR)).json()["items"]} == {
+        mine, theirs}
+
+
+def test_submission_returns_202_location_and_fixes_the_policy(api):
+    response = submit(api, policy={"min_cosine": 0.995})
+    assert response.status_code == 202
+    created = response.json()
+    assert response.headers["location"] == f"/v1/verifications/{created['id']}"
+    assert created["state"] == "queued"
+    from worker.policy import Policy
+
+    assert created["policy_sha256"] == Policy(min_cosine=0.995).sha256() != Policy().sha256()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "status"),
+    [({"artifact_sha256": "xyz"}, 422), ({"policy": "nonexistent"}, 422), ({"policy": {"min_cosine": 3}}, 422),
+     ({"artifact_uri": "ftp://h/x"}, 422), ({"source_uri": "https://example.com/model"}, 422),
+     ({"artifact_uri": "hf://org/m@main/x.gguf"}, 422), ({"gates": [4]}, 422), ({"extra": 1}, 422)],
+)
+def test_invalid_submissions(api, overrides, status):
+    response = submit(api, **overrides)
+    assert response.status_code == status, response.text
+
+
+def test_idempotency_key_returns_the_same_verification_or_conflicts(api):
+    first = submit(api, key="k")
+    again = submit(api, key="k")
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert submit(api, key="k", kind="embedding").status_code == 409
+    assert submit(api, who="other-submitter", key="k").json()["id"] != first.json()["id"]
+
+
+def test_report_by_accept_header_with_model_card(api):
+    created = submit(api).json()["id"]
+    headers = auth(api, Role.AUDITOR)
+    assert api.get(f"/v1/verifications/{created}/report", headers=headers).status_code == 404  # no verdict yet
+    complete(api, created)
+    as_json = api.get(f"/v1/verifications/{created}/report", headers=headers)
+    assert as_json.json()["verdict"] == "GO"
+    markdown = api.get(f"/v1/verifications/{created}/report", headers=headers | {"Accept": "text/markdown"})
+    assert markdown.headers["content-type"].startswith("text/markdown")
+    assert "## Verification (model card section)" in markdown.text and SHA in markdown.text
+    assert "min_cosine=0.99" in markdown.text and "retrieval quality" in markdown.text
+    page = api.get(f"/v1/verifications/{created}/report", headers=headers | {"Accept": "text/html"})
+    assert page.text.startswith("<!doctype html>") and SHA in page.text
+    assert api.get(f"/v1/verifications/{created}", headers=headers).json()["verdict"] == "GO"
+
+
+def test_auditor_filters_and_cursor_pages(api):
+    other = hashlib.sha256(b"other").hexdigest()
+    ids = []
+    for i in range(7):
+        created = submit(api, key=f"f{i}", artifact_sha256=other if i % 2 else SHA).json()["id"]
+        complete(api, created, "GO" if i % 3 else "NO-GO", other if i % 2 else SHA)
+        ids.append(created)
+    headers = auth(api, Role.AUDITOR)
+    by_sha = api.get("/v1/verifications", params={"artifact_sha256": other}, headers=headers).json()["items"]
+    assert {item["id"] for item in by_sha} == {ids[1], ids[3], ids[5]}
+    nogo = api.get("/v1/verifications", params={"verdict": "NO-GO"}, headers=headers).json()["items"]
+    assert {item["id"] for item in nogo} == {ids[0], ids[3], ids[6]}
+    seen, cursor = [], None
+    while True:
+        page = api.get("/v1/verifications", params={"limit": 3} | ({"cursor": cursor} if cursor else {}),
+                       headers=headers).json()
+        seen += [item["id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))
+    assert api.get("/v1/verifications", params={"cursor": "garbage"}, headers=headers).status_code == 400
+
+
+def test_cancel_and_events(api):
+    created = submit(api).json()["id"]
+    cancelled = api.post(f"/v1/verifications/{created}/cancel", headers=auth(api, Role.OPERATOR)).json()
+    assert cancelled["state"] == "cancelled"
+    events = api.get(f"/v1/verifications/{created}/events", headers=auth(api, Role.AUDITOR)).json()
+    assert [e["to_state"] for e in events] == ["queued", "cancelled"]
+
+
+def test_queue_metrics_and_probes(api):
+    submit(api, key="q1")
+    done = submit(api, key="q2").json()["id"]
+    complete(api, done, "NO-GO")
+    queue = api.get("/v1/queue", headers=auth(api, Role.OPERATOR)).json()
+    assert queue["counts"] == {"queued": 1, "completed": 1}
+    assert queue["oldest_waiting"]["state"] == "queued" and queue["dispatcher"] == "local"
+    metrics = api.get("/metrics").text
+    assert 'convgate_verifications{state="queued"} 1.0' in metrics
+    assert 'convgate_verdicts_total{verdict="NO-GO"} 1.0' in metrics
+    assert 'convgate_gate_duration_seconds_bucket{gate="storage",le="2.5"} 1.0' in metrics
+    assert api.get("/healthz").text == "ok" and api.get("/readyz").text == "ready"
+    assert "/v1/verifications" in json.dumps(api.get("/openapi.json").json()["paths"])
