@@ -53,7 +53,7 @@ class Heartbeat:
                 self.superseded.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.interval if self.progress is not None else 0.2):
             try:
                 self._beat()
             except Exception:
@@ -89,7 +89,7 @@ def run_verification(settings: Settings, verification_id: str, worker_name: str)
                                hf_endpoint=settings.hf_endpoint, check_url=uri_policy(settings).fetch_hook)
     started = time.perf_counter()
     try:
-        with Heartbeat(factory, verification_id, attempt, min(settings.lease_seconds / 4, 5.0)) as heart:
+        with Heartbeat(factory, verification_id, attempt, min(settings.lease_seconds / 4, 2.0)) as heart:
             report = verify(_request(stored), policy, ContentStore(settings.cache_dir), fetch_policy, heart.update)
     except SourceUnavailableError as exc:
         with transaction(factory) as session:

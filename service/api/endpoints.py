@@ -34,6 +34,10 @@ def create_verification(
 ) -> VerificationOut:
     try:
         verification, created = verifications.submit(session, settings, principal.name, body, idempotency_key)
+        # Commit here, in the request's own thread, not in the dependency's teardown: concurrent
+        # duplicates wait on this row's unique-index lock, and a teardown queued behind them for a
+        # threadpool slot would deadlock until the pool times out.
+        session.commit()
     except verifications.SubmissionError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
     except verifications.IdempotencyConflictError as exc:
