@@ -7,6 +7,7 @@ cookie once and redirects to the bare URL (the secret leaves the address bar and
 from __future__ import annotations
 
 import html
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Request
@@ -29,7 +30,7 @@ PAGE = """<!doctype html>
  .running {{ color: #0b6e2e; font-weight: 600; }} .queued {{ color: #8a5a00; }}
  progress {{ width: 12rem; }}
 </style></head>
-<body><h1>convgate — verification queue</h1>
+<body data-rendered="{rendered}"><h1>convgate — verification queue</h1>
 <div id="queue">{table}</div>
 <script>
 setInterval(async () => {{
@@ -53,8 +54,8 @@ def render_table(queue: QueueOut) -> str:
                     f"<td>{html.escape(item.worker or '')}</td></tr>")
     table = ("<table><tr><th>id</th><th>state</th><th>attempt</th><th>age</th><th>progress</th><th>worker</th></tr>"
              + "".join(rows) + "</table>")
-    return (f"<div class='counts'>{counts}</div><p>{html.escape(oldest)} · dispatcher "
-            f"{html.escape(queue.dispatcher)}</p>{table}")
+    return (f"<div class='snapshot' data-rendered='{time.time_ns()}'><div class='counts'>{counts}</div>"
+            f"<p>{html.escape(oldest)} · dispatcher {html.escape(queue.dispatcher)}</p>{table}</div>")
 
 
 @router.get("/queue", response_class=HTMLResponse, response_model=None)
@@ -72,7 +73,8 @@ def _authorised_page(request: Request, session: SessionDep, settings: SettingsDe
     principal = get_principal(request, session)
     if principal.role not in OPERATE:
         return HTMLResponse("forbidden", status_code=403)
-    return HTMLResponse(PAGE.format(table=render_table(queue_snapshot(session, settings.dispatcher))))
+    table = render_table(queue_snapshot(session, settings.dispatcher))
+    return HTMLResponse(PAGE.format(table=table, rendered=time.time_ns()))
 
 
 @router.get("/queue/table", response_class=HTMLResponse)
