@@ -51,27 +51,92 @@ def build_fixtures(*names: str) -> None:
     _check(PYTHON, ROOT / "scripts" / "build_fixtures.py", "--out", FIXTURES, *names)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def demo() -> int:
-    """A real verification, end to end, on the embedded default."""
+    """The embedded default end to end: start the service (SQLite + local worker pool), submit a real
+    verification of llama.cpp's Q8_0 conversion of all-MiniLM-L6-v2 through the API, wait, print the verdict."""
+    import hashlib
+    import time
+    import urllib.request
+
     build_fixtures("minilm")
-    reports = ROOT / "reports"
-    reports.mkdir(exist_ok=True)
-    report = reports / "demo-minilm-q8_0.json"
-    code = _run(
-        VENV / "bin" / "convgate", "verify",
-        "--source", FIXTURES / "minilm" / "source",
-        "--artifact", FIXTURES / "minilm" / "minilm-Q8_0.gguf",
-        "--texts", ROOT / "examples" / "english.txt",
-        "--cache-dir", FIXTURES / "cache",
-        "--report", report,
-    )
-    print(f"\nfull JSON report: {report.relative_to(ROOT)}", file=sys.stderr)
-    return code
+    home = ROOT / ".convgate"
+    env = dict(os.environ, CONVGATE_DATABASE_URL=f"sqlite:///{home / 'convgate.db'}",
+               CONVGATE_CACHE_DIR=str(home / "cache"))
+    convgate = str(VENV / "bin" / "convgate")
+    port = _free_port()
+    subprocess.check_call([convgate, "db", "upgrade"], env=env)
+    token = subprocess.check_output([convgate, "tokens", "create", f"demo-{int(time.time())}", "--role", "submitter"],
+                                    env=env, text=True).strip()
+    server = subprocess.Popen([convgate, "serve", "--port", str(port), "--no-migrate"], env=env, cwd=ROOT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"{url}/readyz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        artifact = FIXTURES / "minilm" / "minilm-Q8_0.gguf"
+        sha = hashlib.sha256(artifact.read_bytes()).hexdigest()
+        print(f"service on {url} (SQLite at .convgate/, local worker pool); operator page: {url}/ui/queue",
+              file=sys.stderr)
+        client_env = dict(env, CONVGATE_URL=url, CONVGATE_TOKEN=token)
+        submitted = subprocess.run(
+            [convgate, "submit", (FIXTURES / "minilm" / "source").as_uri(), artifact.as_uri(), "--sha256", sha,
+             "--texts", str(ROOT / "examples" / "english.txt"), "--wait"],
+            env=client_env, stdout=subprocess.PIPE, text=True, check=False)
+        verification_id = submitted.stdout.split()[0] if submitted.stdout else "?"
+        report = ROOT / "reports" / f"demo-{verification_id}.md"
+        report.parent.mkdir(exist_ok=True)
+        report.write_text(subprocess.run([convgate, "report", verification_id], env=client_env, text=True,
+                                         stdout=subprocess.PIPE, check=False).stdout)
+        print(f"verification {verification_id}; report (with its model-card section): "
+              f"{report.relative_to(ROOT)}", file=sys.stderr)
+        print(submitted.stdout.strip().splitlines()[-1] if submitted.stdout.strip() else "NO VERDICT")
+        return submitted.returncode
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def ensure_postgres() -> None:
+    """The data-layer tests need the machine's Postgres; start its cluster if it is down."""
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
+        return
+    except OSError:
+        pass
+    clusters = Path("/etc/postgresql")
+    if clusters.is_dir():
+        for version in sorted(p.name for p in clusters.iterdir()):
+            _run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
+
+
+def ensure_chromium() -> None:
+    """The operator page is tested in Debian's headless Chromium; CI installs it when missing."""
+    import shutil
+
+    if shutil.which("chromium") or not os.environ.get("CI") or not shutil.which("apt-get"):
+        return
+    if _run("apt-get", "update", "-qq") == 0:
+        _run("apt-get", "install", "-y", "-qq", "chromium")
 
 
 def test(pytest_args: list[str]) -> int:
     """Lint, build every fixture, run the whole suite."""
-    _check(VENV / "bin" / "ruff", "check", "worker", "service", "tests", "scripts", "dev.py")
+    _check(VENV / "bin" / "ruff", "check", "worker", "service", "tests", "scripts", "migrations", "dev.py")
+    ensure_postgres()
+    ensure_chromium()
     build_fixtures()
     env = dict(os.environ, CONVGATE_FIXTURES=str(FIXTURES))
     return _run(PYTHON, "-m", "pytest", *pytest_args, env=env)
