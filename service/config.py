@@ -19,7 +19,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONVGATE_", frozen=True, extra="forbid")
 
     database_url: str = f"sqlite:///{EMBEDDED_HOME / 'convgate.db'}"
-    dispatcher: Literal["local", "kubernetes"] = "local"
+    dispatcher: Literal["local", "kubernetes", "none"] = Field(
+        "local", description="'none' runs an API-only replica (another process dispatches)")
     concurrency: int = Field(1, ge=1, le=64)
     max_attempts: int = Field(3, ge=1, le=20)
     lease_seconds: float = Field(60.0, gt=0, description="a running attempt with no heartbeat for this long is dead")

@@ -23,7 +23,7 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = None
-        if run_dispatcher:
+        if run_dispatcher and settings.dispatcher != "none":
             from service.dispatch.loop import DispatchLoop
 
             loop = DispatchLoop.for_settings(settings, factory)

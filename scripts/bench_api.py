@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Service benchmark on real Postgres, each figure next to a baseline measured in the same run.
+
+1. Submit throughput and latency: concurrent POST /v1/verifications (unique Idempotency-Keys) vs
+   the same load on GET /healthz (plain HTTP, no database) against the same server process.
+2. Auditor query: p50/p99 of GET /v1/verifications?artifact_sha256=... over 100,000 stored verdicts,
+   vs sequential GET /healthz.
+
+The server is `convgate serve` (one uvicorn process, API-only replica: CONVGATE_DISPATCHER=none) on a
+throwaway database that is dropped at the end. Usage: python scripts/bench_api.py [--requests 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import psycopg
+
+ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def load(url: str, requests: int, concurrency: int, make) -> tuple[float, list[float], int]:
+    """(wall seconds, latencies, errors) for `requests` calls made by `concurrency` workers."""
+    latencies: list[float] = []
+    errors = 0
+    counter = iter(range(requests))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        async def worker() -> None:
+            nonlocal errors
+            for i in counter:
+                started = time.perf_counter()
+                response = await make(client, i)
+                latencies.append(time.perf_counter() - started)
+                errors += response.status_code >= 400
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - started, latencies, errors
+
+
+def seed_verdicts(dsn: str, count: int) -> list[str]:
+    """`count` completed verifications with verdicts, ten per artifact digest, inserted in SQL."""
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute("""
+            INSERT INTO verifications (id, submitted_by, idempotency_key, request_sha256, source_uri, artifact_uri,
+                artifact_sha256, request, policy, policy_sha256, state, attempt, max_attempts, verdict_result,
+                created_at, updated_at, finished_at)
+            SELECT gen_random_uuid()::text, 'seed', 'seed-' || g, md5(g::text) || md5(g::text), 'hf://org/src@x',
+                'hf://org/m@x/m.gguf', encode(sha256(('a' || (g / 10))::bytea), 'hex'), '{}'::json, '{}'::json,
+                md5('p') || md5('p'), 'completed', 1, 3, CASE WHEN g %% 7 = 0 THEN 'NO-GO' ELSE 'GO' END,
+                now() - (g || ' seconds')::interval, now(), now()
+            FROM generate_series(1, %s) AS g""", (count,))
+        db.execute("""
+            INSERT INTO verdicts (verification_id, attempt, verdict, blocker_codes, report, created_at)
+            SELECT id, 1, verdict_result, '[]'::json, '{"verdict": "GO"}'::json, now()
+            FROM verifications WHERE submitted_by = 'seed'""")
+        db.execute("ANALYZE")
+        shas = [row[0] for row in db.execute("SELECT DISTINCT artifact_sha256 FROM verifications LIMIT 2000")]
+    return shas
+
+
+def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, str]:
+    convgate = os.path.join(os.path.dirname(sys.executable), "convgate")
+    subprocess.check_call([convgate, "db", "upgrade"], env=env)
+    token = subprocess.check_output([convgate, "tokens", "create", "bench", "--role", "admin"], env=env,
+                                    text=True).strip()
+    port = free_port()
+    server = subprocess.Popen([convgate, "serve", "--port", str(port), "--no-migrate"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{url}/readyz").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return server, url, token
+
+
+def row(label: str, requests: int, wall: float, latencies: list[float], errors: int) -> str:
+    return (f"{label:<26}{requests / wall:>9.0f}{percentile(latencies, .5) * 1e3:>9.1f}"
+            f"{percentile(latencies, .99) * 1e3:>9.1f}{errors:>8}")
+
+
+def bench_submit(url: str, headers: dict[str, str], requests: int, concurrency: int) -> None:
+    body = {"source_uri": "hf://org/src@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
+            "artifact_sha256": "e" * 64}
+
+    async def health(client, i):
+        return await client.get("/healthz")
+
+    async def post(client, i):
+        return await client.post("/v1/verifications", json=body, headers=headers | {"Idempotency-Key": f"k{i}"})
+
+    asyncio.run(load(url, 200, concurrency, health))  # warm up
+    base_wall, base_lat, base_err = asyncio.run(load(url, requests, concurrency, health))
+    sub_wall, sub_lat, sub_err = asyncio.run(load(url, requests, concurrency, post))
+    print(f"submit load: {requests} requests, {concurrency} concurrent, one uvicorn process, Postgres")
+    print(f"{'endpoint':<26}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
+    print(row("GET /healthz (baseline)", requests, base_wall, base_lat, base_err))
+    print(row("POST /v1/verifications", requests, sub_wall, sub_lat, sub_err))
+    print(f"ratio submit/baseline: throughput {base_wall / sub_wall:.2f}x, p99 "
+          f"{percentile(sub_lat, .99) / percentile(base_lat, .99):.1f}x")
+
+
+def bench_audit(url: str, dsn: str, headers: dict[str, str], verdicts: int, queries: int) -> None:
+    started = time.perf_counter()
+    shas = seed_verdicts(dsn, verdicts)
+    print(f"\nseeded {verdicts:,} verdicts in {time.perf_counter() - started:.1f}s")
+    rng = random.Random(0)
+    query_lat, health_lat = [], []
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        for _ in range(queries):
+            t0 = time.perf_counter()
+            response = client.get("/v1/verifications", params={"artifact_sha256": rng.choice(shas), "limit": 50})
+            query_lat.append(time.perf_counter() - t0)
+            assert response.status_code == 200 and len(response.json()["items"]) >= 1
+            t0 = time.perf_counter()
+            client.get("/healthz")
+            health_lat.append(time.perf_counter() - t0)
+    q99, h99 = percentile(query_lat, .99), percentile(health_lat, .99)
+    print(f"auditor query by artifact sha256 over {verdicts:,} verdicts, {queries} sequential queries:")
+    print(f"  query   p50 {statistics.median(query_lat) * 1e3:.1f} ms  p99 {q99 * 1e3:.1f} ms")
+    print(f"  healthz p50 {statistics.median(health_lat) * 1e3:.1f} ms  p99 {h99 * 1e3:.1f} ms"
+          f"  -> query p99 / baseline p99 = {q99 / h99:.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--verdicts", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=500)
+    args = parser.parse_args()
+    name = f"convgate_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    env = dict(os.environ, CONVGATE_DATABASE_URL=dsn.replace("postgresql://", "postgresql+psycopg://"),
+               CONVGATE_DISPATCHER="none")
+    server = None
+    try:
+        server, url, token = start_server(env)
+        headers = {"Authorization": f"Bearer {token}"}
+        bench_submit(url, headers, args.requests, args.concurrency)
+        bench_audit(url, dsn, headers, args.verdicts, args.queries)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        with psycopg.connect(ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
