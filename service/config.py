@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.policy import Policy
@@ -13,10 +13,42 @@ from worker.policy import Policy
 EMBEDDED_HOME = Path(".convgate")
 
 
+class KubernetesSettings(BaseModel):
+    """How verification Jobs are built and where they queue. Resource figures are Kubernetes quantities."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = "convgate"
+    local_queue: str = "convgate"
+    priority_class: str | None = None
+    image: str = "convgate:0.1.0"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account: str = "convgate-worker"
+    database_secret: str = "convgate-database"
+    database_secret_key: str = "url"
+    cpu_request: str = "2"
+    cpu_limit: str = "2"
+    memory_request: str = "8Gi"
+    memory_limit: str = "8Gi"
+    ephemeral_storage_request: str = "20Gi"
+    ephemeral_storage_limit: str = "40Gi"
+    scratch_size_limit: str = "40Gi"
+    backoff_limit: int = Field(0, ge=0, description="pod retries inside one Job; convgate retries attempts itself")
+    active_deadline_seconds: int = Field(6 * 3600, ge=60)
+    ttl_seconds_after_finished: int = Field(3600, ge=0)
+    max_jobs_in_flight: int = Field(200, ge=1, description="Jobs created and not finished; Kueue admits them")
+    api_timeout_seconds: float = Field(10.0, gt=0)
+    create_attempts: int = Field(4, ge=1)
+    retry_backoff_seconds: float = Field(0.5, ge=0)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    state_source: Literal["poll"] = Field("poll", description="how Job and Workload state is read")
+    in_cluster: bool = True
+
+
 class Settings(BaseSettings):
     """Defaults are the embedded deployment: SQLite, a local worker pool, file:// allowed."""
 
-    model_config = SettingsConfigDict(env_prefix="CONVGATE_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="CONVGATE_", env_nested_delimiter="__", frozen=True, extra="forbid")
 
     database_url: str = f"sqlite:///{EMBEDDED_HOME / 'convgate.db'}"
     dispatcher: Literal["local", "kubernetes", "none"] = Field(
@@ -33,3 +65,4 @@ class Settings(BaseSettings):
     hf_endpoint: str | None = None
     policies: dict[str, Policy] = Field(default_factory=lambda: {"default": Policy()})
     metrics_public: bool = True
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)

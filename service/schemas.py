@@ -41,6 +41,8 @@ class VerificationOut(BaseModel):
     finished_at: datetime | None
     progress: dict[str, Any] | None
     reason: str | None
+    cluster_status: str | None = None
+    queue_position: int | None = None
     verdict: str | None
     blockers: list[str] | None = None
     links: dict[str, str]
@@ -66,6 +68,8 @@ class QueueItem(BaseModel):
     age_seconds: float
     progress: dict[str, Any] | None
     worker: str | None
+    cluster_status: str | None = None
+    queue_position: int | None = None
 
 
 class QueueOut(BaseModel):

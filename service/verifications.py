@@ -99,6 +99,7 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
         artifact_sha256=verification.artifact_sha256, policy_sha256=verification.policy_sha256,
         created_at=repository.as_utc(verification.created_at), started_at=repository.as_utc(verification.started_at),
         finished_at=repository.as_utc(verification.finished_at), progress=verification.progress,
-        reason=verification.reason, verdict=verification.verdict_result, blockers=blockers,
+        reason=verification.reason, cluster_status=verification.cluster_status,
+        queue_position=verification.queue_position, verdict=verification.verdict_result, blockers=blockers,
         links={"self": base, "report": f"{base}/report", "events": f"{base}/events", "cancel": f"{base}/cancel"},
     )

@@ -49,11 +49,13 @@ def render_table(queue: QueueOut) -> str:
         progress = item.progress or {}
         done, total = progress.get("done", 0), progress.get("total", 0) or 1
         bar = f"<progress value='{done}' max='{total}'></progress> {html.escape(str(progress.get('stage', '')))}"
+        position = "" if item.queue_position is None else f"#{item.queue_position}"
         rows.append(f"<tr><td>{item.id[:8]}</td><td class='{item.state}'>{item.state}</td><td>{item.attempt}</td>"
                     f"<td>{item.age_seconds:.0f}s</td><td>{bar if progress else ''}</td>"
+                    f"<td>{html.escape(item.cluster_status or '')} {position}</td>"
                     f"<td>{html.escape(item.worker or '')}</td></tr>")
-    table = ("<table><tr><th>id</th><th>state</th><th>attempt</th><th>age</th><th>progress</th><th>worker</th></tr>"
-             + "".join(rows) + "</table>")
+    table = ("<table><tr><th>id</th><th>state</th><th>attempt</th><th>age</th><th>progress</th>"
+             "<th>cluster (Kueue)</th><th>worker</th></tr>" + "".join(rows) + "</table>")
     return (f"<div class='snapshot' data-rendered='{time.time_ns()}'><div class='counts'>{counts}</div>"
             f"<p>{html.escape(oldest)} · dispatcher {html.escape(queue.dispatcher)}</p>{table}</div>")
 

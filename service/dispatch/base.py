@@ -6,11 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from sqlalchemy.orm import Session
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerExit:
     verification_id: str
-    reason: str  # e.g. "exit code 1", "killed by signal 9"
+    attempt: int  # the attempt this worker was launched for
+    reason: str  # e.g. "exit code 1", "killed by signal 9", "Job failed: DeadlineExceeded"
     clean: bool  # exit code 0: the worker recorded its own outcome
 
 
@@ -21,8 +24,8 @@ class Dispatcher(Protocol):
     def capacity(self) -> int:
         """How many more verifications may start now."""
 
-    def launch(self, verification_id: str) -> None:
-        """Start `convgate worker run --verification-id ID` somewhere."""
+    def launch(self, verification_id: str, attempt: int) -> None:
+        """Start `convgate worker run --verification-id ID` somewhere, for attempt number `attempt`."""
 
     def reap(self) -> list[WorkerExit]:
         """Workers that ended since the last call."""
@@ -35,5 +38,8 @@ class Dispatcher(Protocol):
 
     def owns_dead(self, worker: str | None) -> bool:
         """True when `worker` names a worker of an earlier instance of this dispatcher that is gone."""
+
+    def sync(self, session: Session) -> None:
+        """Bring cluster-side facts (admission, queue position) into the database; may be a no-op."""
 
     def shutdown(self) -> None: ...

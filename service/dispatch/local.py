@@ -49,11 +49,13 @@ class LocalPool:
         self.host = socket.gethostname()
         self.identity = f"local:{self.host}:{os.getpid()}"
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.attempts: dict[str, int] = {}
 
     def capacity(self) -> int:
         return max(self.settings.concurrency - len(self.processes), 0)
 
-    def launch(self, verification_id: str) -> None:
+    def launch(self, verification_id: str, attempt: int) -> None:
+        self.attempts[verification_id] = attempt
         command = [sys.executable, "-m", "service.cli", "worker", "run", "--verification-id", verification_id,
                    "--worker-name", f"{self.identity}/{verification_id[:8]}"]
         self.processes[verification_id] = subprocess.Popen(
@@ -69,7 +71,7 @@ class LocalPool:
                 continue
             del self.processes[verification_id]
             reason = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            exits.append(WorkerExit(verification_id, reason, clean=code == 0))
+            exits.append(WorkerExit(verification_id, self.attempts.pop(verification_id, 0), reason, clean=code == 0))
         return exits
 
     def active(self) -> set[str]:
@@ -86,6 +88,9 @@ class LocalPool:
             return False
         pool_pid = int(worker.split(":", 2)[2].split("/", 1)[0])
         return pool_pid != os.getpid() and not _pid_alive(pool_pid)
+
+    def sync(self, session) -> None:
+        """Local processes have no cluster-side state."""
 
     def shutdown(self) -> None:
         for verification_id in list(self.processes):

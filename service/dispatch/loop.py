@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,10 +15,18 @@ from service.dispatch.local import LocalPool
 from service.persistence import repository
 from service.persistence.db import transaction
 from service.states import State
+from worker.errors import ConvgateError
 
 log = logging.getLogger("convgate.dispatch")
 
-DISPATCHERS: dict[str, type] = {"local": LocalPool}
+def _kubernetes(settings: Settings) -> Dispatcher:
+    from service.dispatch.kube.dispatcher import KubernetesDispatcher
+
+    return KubernetesDispatcher(settings)
+
+
+# Every dispatcher, by the name `CONVGATE_DISPATCHER` uses; no registration by import side effect.
+DISPATCHERS: dict[str, Callable[[Settings], Dispatcher]] = {"local": LocalPool, "kubernetes": _kubernetes}
 
 
 class DispatchLoop:
@@ -43,10 +52,12 @@ class DispatchLoop:
                 verification = repository.get_verification(session, worker_exit.verification_id)
                 if verification is not None and verification.state in (State.DISPATCHED, State.RUNNING):
                     state = repository.end_attempt_without_verdict(
-                        session, verification.id, None, f"worker ended without a verdict ({worker_exit.reason})")
+                        session, verification.id, worker_exit.attempt,
+                        f"worker ended without a verdict ({worker_exit.reason})")
                     log.warning("verification %s: worker %s -> %s", verification.id, worker_exit.reason, state)
         active = self.dispatcher.active()
         with transaction(self.factory) as session:
+            self.dispatcher.sync(session)
             for verification in repository.active(session, limit=10_000):
                 if verification.id in active:
                     continue
@@ -64,9 +75,15 @@ class DispatchLoop:
         capacity = self.dispatcher.capacity()
         if capacity:
             with transaction(self.factory) as session:
-                claimed = [v.id for v in repository.claim_queued(session, capacity, self.dispatcher.identity)]
-            for verification_id in claimed:
-                self.dispatcher.launch(verification_id)
+                claimed = [(v.id, v.attempt + 1) for v in
+                           repository.claim_queued(session, capacity, self.dispatcher.identity)]
+            for verification_id, attempt in claimed:
+                try:
+                    self.dispatcher.launch(verification_id, attempt)
+                except ConvgateError as exc:
+                    log.warning("could not start %s: %s", verification_id, exc)
+                    with transaction(self.factory) as session:
+                        repository.undispatch(session, verification_id, str(exc))
 
     def _run(self) -> None:
         while not self._stop.is_set():

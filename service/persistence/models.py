@@ -50,6 +50,8 @@ class Verification(Base):
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     reason: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(200))
+    cluster_status: Mapped[str | None] = mapped_column(String(64))
+    queue_position: Mapped[int | None] = mapped_column(Integer)
     verdict_result: Mapped[str | None] = mapped_column(String(8), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -227,7 +227,8 @@ def end_attempt_without_verdict(session: Session, verification_id: str, attempt:
     verification = get_verification(session, verification_id, for_update=True)
     if verification is None or verification.state not in (State.DISPATCHED, State.RUNNING):
         return verification.state if verification else "missing"
-    if attempt is not None and verification.attempt != attempt:
+    current = verification.attempt + (1 if verification.state == State.DISPATCHED else 0)
+    if attempt is not None and attempt != current:
         return verification.state  # a newer attempt owns it
     if verification.state == State.DISPATCHED:
         verification.attempt += 1  # the worker died before it could claim: still an attempt
@@ -253,6 +254,25 @@ def stale_attempts(session: Session, lease: timedelta) -> list[Verification]:
     return list(session.scalars(select(Verification).where(
         Verification.state.in_((State.RUNNING, State.DISPATCHED)),
         func.coalesce(Verification.heartbeat_at, Verification.updated_at) < cutoff)))
+
+
+def record_cluster_status(session: Session, verification: Verification, status: str, position: int | None) -> None:
+    """What the cluster says (Kueue admission, Job state), with an event whenever it changes."""
+    if verification.cluster_status != status:
+        session.add(VerificationEvent(verification_id=verification.id, at=now(), from_state=verification.state,
+                                      to_state=verification.state, attempt=verification.attempt,
+                                      message=f"cluster: {status}"))
+        verification.cluster_status = status
+    verification.queue_position = position
+    session.flush()
+
+
+def undispatch(session: Session, verification_id: str, reason: str) -> None:
+    """The dispatcher could not start the worker (e.g. the API server refused): back to the queue,
+    without spending an attempt."""
+    verification = get_verification(session, verification_id, for_update=True)
+    if verification is not None and verification.state == State.DISPATCHED:
+        transition(session, verification, State.QUEUED, f"dispatch failed: {reason}", reason=reason)
 
 
 def verdict_for(session: Session, verification_id: str) -> Verdict | None:

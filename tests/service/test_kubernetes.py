@@ -1,0 +1,260 @@
+"""The Kubernetes dispatcher through the official client, at the HTTP boundary: the Job body,
+idempotent and retried creates, Workload condition sequences mapped to states and events, the
+visibility API path that actually goes out, cancel."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from kubernetes import client as k8s
+
+from service.config import KubernetesSettings, Settings
+from service.dispatch.kube.dispatcher import KubernetesDispatcher
+from service.dispatch.kube.errors import KubeError
+from service.dispatch.kube.job_manifest import ALLOWED_RESOURCES, build_job, job_name
+from service.dispatch.loop import DispatchLoop
+from service.persistence import repository
+from service.persistence.db import make_engine, session_factory, transaction
+from service.states import State
+from tests.service.fake_kube import FakeCluster, serve
+
+REQUEST = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
+           "artifact_sha256": "f" * 64}
+
+
+@pytest.fixture
+def cluster():
+    fake = FakeCluster()
+    for url in serve(fake):
+        fake.url = url
+        yield fake
+
+
+def settings(tmp_path, url: str, **kube) -> Settings:
+    return Settings(database_url=url, cache_dir=tmp_path / "c", dispatcher="kubernetes",
+                    kubernetes=KubernetesSettings(in_cluster=False, api_timeout_seconds=1.0, retry_backoff_seconds=0.01,
+                                                  priority_class="convgate-batch", **kube))
+
+
+def dispatcher_for(cluster: FakeCluster, config: Settings) -> KubernetesDispatcher:
+    configuration = k8s.Configuration(host=cluster.url)
+    return KubernetesDispatcher(config, k8s.ApiClient(configuration))
+
+
+@pytest.fixture
+def harness(cluster, sqlite_url, tmp_path):
+    config = settings(tmp_path, sqlite_url)
+    engine = make_engine(sqlite_url)
+    factory = session_factory(engine)
+    loop = DispatchLoop(dispatcher_for(cluster, config), factory, config)
+    yield loop, factory
+    loop.dispatcher.shutdown()
+    engine.dispose()
+
+
+def new_verification(factory) -> str:
+    with transaction(factory) as session:
+        return repository.insert_verification(
+            session, submitted_by="alice", idempotency_key=None, request_sha256="r" * 64, request=REQUEST,
+            policy={}, policy_sha256="p" * 64, max_attempts=3).id
+
+
+def state(factory, verification_id):
+    with factory() as session:
+        verification = repository.get_verification(session, verification_id)
+        return verification, [e.message for e in repository.events(session, verification_id)]
+
+
+def posts(cluster) -> list:
+    return [r for r in cluster.requests if r.method == "POST"]
+
+
+def test_job_body_is_suspended_cpu_only_restricted(tmp_path):
+    config = settings(tmp_path, "sqlite://", node_selector={"convgate.io/pool": "cpu"})
+    job = build_job(config, "0b3c2a9e-1111-4222-8333-444455556666", 2)
+    meta, spec = job["metadata"], job["spec"]
+    assert meta["name"] == "convgate-0b3c2a9e-1111-4222-8333-444455556666-2" == job_name(
+        "0b3c2a9e-1111-4222-8333-444455556666", 2)
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "convgate"
+    assert meta["labels"]["kueue.x-k8s.io/priority-class"] == "convgate-batch"
+    assert meta["labels"]["convgate.io/verification-id"] == "0b3c2a9e-1111-4222-8333-444455556666"
+    assert spec["suspend"] is True
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (0, 21600, 3600)
+    pod = spec["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    assert container["command"][:5] == ["convgate", "worker", "run", "--verification-id", meta["labels"][
+        "convgate.io/verification-id"]]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    for section in ("requests", "limits"):
+        assert set(container["resources"][section]) == ALLOWED_RESOURCES  # never an accelerator
+    assert pod["volumes"] == [{"name": "scratch", "emptyDir": {"sizeLimit": "40Gi"}}]
+    database = next(e for e in container["env"] if e["name"] == "CONVGATE_DATABASE_URL")
+    assert database["valueFrom"]["secretKeyRef"] == {"name": "convgate-database", "key": "url"}
+    assert not any("value" in e and "postgres" in str(e["value"]) for e in container["env"])
+
+
+def test_job_body_validates_against_the_kubernetes_schema(tmp_path):
+    import kubernetes_validate
+
+    job = build_job(settings(tmp_path, "sqlite://"), "0b3c2a9e-1111-4222-8333-444455556666", 1)
+    kubernetes_validate.validate(job, "1.35.0", strict=True)
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    assert not set(job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]) <= ALLOWED_RESOURCES
+
+
+def test_launch_creates_exactly_one_job_and_already_exists_is_success(harness, cluster):
+    loop, factory = harness
+    verification_id = new_verification(factory)
+    loop.tick()
+    name = job_name(verification_id, 1)
+    assert list(cluster.jobs) == [name]
+    (create,) = posts(cluster)
+    assert create.path == "/apis/batch/v1/namespaces/convgate/jobs"
+    assert create.body["spec"]["suspend"] is True
+    loop.dispatcher.launch(verification_id, 1)  # a retried create after a lost answer
+    assert list(cluster.jobs) == [name] and len(posts(cluster)) == 2
+    assert state(factory, verification_id)[0].state == State.DISPATCHED
+
+
+@pytest.mark.parametrize("fault", [500, 503, 2.0], ids=["500", "503", "timeout"])
+def test_create_is_retried_after_a_server_error_or_timeout(harness, cluster, fault):
+    loop, factory = harness
+    cluster.create_faults = [fault]
+    verification_id = new_verification(factory)
+    loop.tick()
+    assert list(cluster.jobs) == [job_name(verification_id, 1)]
+    assert len(posts(cluster)) == 2
+    assert state(factory, verification_id)[0].state == State.DISPATCHED
+
+
+def test_create_refused_for_good_returns_the_verification_to_the_queue(harness, cluster):
+    loop, factory = harness
+    cluster.create_faults = [403]
+    verification_id = new_verification(factory)
+    loop.tick()
+    verification, events = state(factory, verification_id)
+    assert (verification.state, verification.attempt) == (State.QUEUED, 0)
+    assert "HTTP 403" in events[-1] and len(posts(cluster)) == 1
+    with pytest.raises(KubeError) as info:
+        cluster.create_faults = [422]
+        loop.dispatcher.create_job(build_job(loop.settings, verification_id, 9))
+    assert info.value.retryable is False
+
+
+def run_worker(factory, verification_id: str, verdict: str = "GO") -> None:
+    """What the Job's pod does once admitted: claim the attempt and record a verdict."""
+    report = {"verdict": verdict, "blockers": [], "gates": {}, "files": []}
+    with transaction(factory) as session:
+        attempt = repository.start_attempt(session, verification_id, "pod").attempt
+        assert repository.record_verdict(session, verification_id, attempt, report)
+
+
+def test_admitted_then_finished(harness, cluster):
+    loop, factory = harness
+    verification_id = new_verification(factory)
+    loop.tick()
+    loop.tick()  # one poll while the Job waits for admission
+    name = job_name(verification_id, 1)
+    cluster.set_workload(name, ("QuotaReserved", "QuotaReserved"), ("Admitted", "Admitted"))
+    loop.tick()
+    assert state(factory, verification_id)[0].cluster_status == "admitted"
+    run_worker(factory, verification_id)
+    cluster.set_workload(name, ("Finished", "Succeeded"))
+    cluster.set_job_condition(name, "Complete")
+    loop.tick()
+    verification, events = state(factory, verification_id)
+    assert (verification.state, verification.verdict_result) == (State.COMPLETED, "GO")
+    assert [e for e in events if e.startswith("cluster:")] == ["cluster: pending admission", "cluster: admitted",
+                                                               "cluster: job complete"]
+
+
+def test_evicted_then_requeued_then_admitted(harness, cluster):
+    loop, factory = harness
+    verification_id = new_verification(factory)
+    loop.tick()
+    loop.tick()
+    name = job_name(verification_id, 1)
+    for conditions in ([("Admitted", "Admitted")], [("Evicted", "Preempted")], [("Requeued", "Preempted")],
+                       [("QuotaReserved", "QuotaReserved"), ("Admitted", "Admitted")]):
+        cluster.set_workload(name, *conditions)
+        loop.tick()
+    verification, events = state(factory, verification_id)
+    assert [e for e in events if e.startswith("cluster:")] == [
+        "cluster: pending admission", "cluster: admitted", "cluster: evicted: Preempted", "cluster: requeued",
+        "cluster: admitted"]
+    assert verification.state == State.DISPATCHED and len(cluster.jobs) == 1  # the same Job, never a second
+
+
+def test_never_admitted_shows_its_queue_position(harness, cluster, sqlite_url, tmp_path):
+    loop, factory = harness
+    ids = [new_verification(factory) for _ in range(3)]
+    loop.tick()
+    loop.tick()
+    positions = [state(factory, v)[0].queue_position for v in ids]
+    assert positions == [0, 1, 2]
+    assert {state(factory, v)[0].cluster_status for v in ids} == {"pending admission"}
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+    from service.auth import Role
+    from tests.service.conftest import add_token
+
+    token = add_token(sqlite_url, Role.OPERATOR)
+    with TestClient(create_app(settings(tmp_path, sqlite_url), run_dispatcher=False)) as api:
+        queue = api.get("/v1/queue", headers={"Authorization": f"Bearer {token}"}).json()
+    assert sorted(item["queue_position"] for item in queue["active"]) == [0, 1, 2]
+    assert queue["dispatcher"] == "kubernetes"
+
+
+def test_visibility_path_goes_out_unescaped(harness, cluster):
+    loop, _ = harness
+    loop.dispatcher.pending_positions()
+    visibility = [r.path for r in cluster.requests if "visibility" in r.path]
+    assert visibility == ["/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/convgate/localqueues/convgate/"
+                          "pendingworkloads"]
+    # what the generic client would have sent: the subresource's slash escaped into the name
+    custom = k8s.CustomObjectsApi(loop.dispatcher.api)
+    with contextlib.suppress(k8s.ApiException):
+        custom.get_namespaced_custom_object("visibility.kueue.x-k8s.io", "v1beta2", "convgate", "localqueues",
+                                            "convgate/pendingworkloads")
+    assert cluster.requests[-1].path.endswith("/localqueues/convgate%2Fpendingworkloads")
+
+
+def test_cancel_deletes_the_job_in_the_background(harness, cluster):
+    loop, factory = harness
+    verification_id = new_verification(factory)
+    loop.tick()
+    from service.verifications import cancel
+
+    with transaction(factory) as session:
+        cancel(session, repository.get_verification(session, verification_id), "olga")
+    loop.tick()
+    (delete,) = [r for r in cluster.requests if r.method == "DELETE"]
+    assert delete.path == f"/apis/batch/v1/namespaces/convgate/jobs/{job_name(verification_id, 1)}"
+    assert delete.query["propagationPolicy"] == ["Background"]
+    assert cluster.jobs == {}
+    assert state(factory, verification_id)[0].state == State.CANCELLED
+
+
+def test_failed_job_is_retried_as_a_new_attempt_with_a_new_job(harness, cluster):
+    loop, factory = harness
+    verification_id = new_verification(factory)
+    loop.tick()
+    first = job_name(verification_id, 1)
+    cluster.set_workload(first, ("Admitted", "Admitted"))
+    with transaction(factory) as session:
+        repository.start_attempt(session, verification_id, "pod")
+    cluster.set_job_condition(first, "Failed", "DeadlineExceeded")
+    loop.tick()
+    loop.tick()
+    verification, events = state(factory, verification_id)
+    assert any("job failed: DeadlineExceeded" in e for e in events)
+    assert job_name(verification_id, 2) in cluster.jobs and verification.state == State.DISPATCHED
+
+
