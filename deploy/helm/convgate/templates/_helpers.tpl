@@ -1,0 +1,46 @@
+{{- define "convgate.fullname" -}}
+{{- printf "%s" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "convgate.labels" -}}
+app.kubernetes.io/name: convgate
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "convgate.image" -}}
+{{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end -}}
+
+{{- define "convgate.databaseSecret" -}}
+{{- if .Values.database.existingSecret -}}{{ .Values.database.existingSecret }}{{- else -}}{{ include "convgate.fullname" . }}-database{{- end -}}
+{{- end -}}
+
+{{- define "convgate.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "convgate.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "convgate.databaseEnv" -}}
+- name: CONVGATE_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "convgate.databaseSecret" . }}
+      key: {{ .Values.database.key }}
+{{- end -}}
