@@ -24,21 +24,33 @@ def fixtures_root() -> Path:
     return Path(os.environ.get("CONVGATE_FIXTURES", REPO / ".fixtures"))
 
 
-@pytest.fixture(scope="session")
-def minilm() -> Path:
-    """The MiniLM fixture folder (source/ and minilm-<TYPE>.gguf), built by scripts/build_fixtures.py."""
-    root = fixtures_root() / "minilm"
-    if not (root / "minilm-Q6_K.gguf").exists():
-        pytest.skip("MiniLM fixtures are not built (run: python3 dev.py setup)")
+def built(folder: str, last_file: str) -> Path:
+    """A fixture folder built by scripts/build_fixtures.py; `last_file` is the last thing its builder writes."""
+    root = fixtures_root() / folder
+    if not (root / last_file).exists():
+        pytest.skip(f"the {folder} fixture is not built (run: python3 dev.py setup)")
     return root
 
 
 @pytest.fixture(scope="session")
+def minilm() -> Path:
+    """source/ and minilm-<TYPE>.gguf: all-MiniLM-L6-v2 and llama.cpp's conversions of it."""
+    return built("minilm", "minilm-Q6_K.gguf")
+
+
+@pytest.fixture(scope="session")
 def smollm() -> Path:
-    path = fixtures_root() / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        pytest.skip("SmolLM2 fixture is not built (run: python3 dev.py setup)")
-    return path
+    return built("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> Path:
+    return built("tiny-llama", "tiny-llama-Q4_K_M.gguf")
+
+
+@pytest.fixture(scope="session")
+def qwen3() -> Path:
+    return built("tiny-qwen3", "tiny-qwen3-Q8_0.gguf")
 
 
 def run_gates(source: Path, artifact: Path, gates: set[int], policy: Policy | None = None, **extra) -> Report:

@@ -11,14 +11,18 @@ class ReferenceMissingError(ConvgateError):
     """A reference implementation (libggml, transformers, ...) needed by a check is unavailable."""
 
 
-class SourceError(ConvgateError):
-    """The source model cannot be used; `code` is a `source.*` blocker code."""
+class CodedError(ConvgateError):
+    """An input defect that becomes a blocker: `code` is from the blocker table, `why` says what."""
 
     def __init__(self, code: str, why: str, tensor: str | None = None) -> None:
         super().__init__(why)
         self.code = code
         self.why = why
         self.tensor = tensor
+
+
+class SourceError(CodedError):
+    """The source model cannot be used; `code` is a `source.*` blocker code."""
 
 
 class UsageError(ConvgateError):

@@ -20,19 +20,14 @@ from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
 
 from worker.digests import CHUNK_BYTES, sha256_file
-from worker.errors import ConvgateError
+from worker.errors import CodedError
 
 HF_URI = re.compile(r"^hf://(?P<repo>[\w.-]+/[\w.-]+)@(?P<rev>[0-9a-f]{40})(?:/(?P<path>.+))?$")
 MAX_REDIRECTS = 5
 
 
-class FetchError(ConvgateError):
+class FetchError(CodedError):
     """The URI could not be turned into a verified local file; `code` is a blocker code."""
-
-    def __init__(self, code: str, why: str) -> None:
-        super().__init__(why)
-        self.code = code
-        self.why = why
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +155,14 @@ def _fetch_hf(match: re.Match[str], expected: str | None, store: ContentStore, p
         raise FetchError("artifact.fetch_failed", f"hf://{repo}@{revision}/{path}: {exc}") from exc
 
 
+def _local(uri: str, policy: FetchPolicy) -> Path:
+    """A plain path or a file:// URI, when the policy allows local files at all."""
+    if not policy.allow_file:
+        raise FetchError("artifact.fetch_failed", "file:// URIs are not enabled")
+    parsed = urlparse(uri)
+    return Path(unquote(parsed.path) if parsed.scheme else uri)
+
+
 def fetch_artifact(
     uri: str, expected: str | None, store: ContentStore, policy: FetchPolicy,
     progress: Callable[[int, int], None] = lambda done, total: None,
@@ -167,9 +170,7 @@ def fetch_artifact(
     """A local path holding exactly the bytes of `uri` (and of `expected`, when given)."""
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
-        if not policy.allow_file:
-            raise FetchError("artifact.fetch_failed", "file:// URIs are not enabled")
-        path = Path(unquote(parsed.path) if parsed.scheme else uri)
+        path = _local(uri, policy)
         if not path.is_file():
             raise FetchError("artifact.unreadable", f"{path} is not a readable file")
         return path
@@ -188,9 +189,7 @@ def fetch_source(uri: str, store: ContentStore, policy: FetchPolicy) -> Path:
     """A local model directory: a path / file:// URI, or an hf:// repository snapshot at a pinned commit."""
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
-        if not policy.allow_file:
-            raise FetchError("artifact.fetch_failed", "file:// URIs are not enabled")
-        path = Path(unquote(parsed.path) if parsed.scheme else uri)
+        path = _local(uri, policy)
         if not path.is_dir():
             raise FetchError("source.missing", f"{path} is not a directory")
         return path

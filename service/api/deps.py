@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from service.auth import Role, digest
 from service.config import Settings
 from service.persistence import repository
+from service.persistence.db import transaction
 
 
 def get_settings(request: Request) -> Settings:
@@ -19,15 +20,9 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    session = request.app.state.session_factory()
-    try:
+    """The request owns its unit of work: commit when the endpoint returns, roll back if it raises."""
+    with transaction(request.app.state.session_factory) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

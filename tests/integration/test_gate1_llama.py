@@ -4,22 +4,12 @@ on exactly the permuted tensors, so the permutation is real and not invented to 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import blocked_tensors, fixtures_root, run_gate1
+from tests.conftest import blocked_tensors, run_gate1
 from worker.gates import architectures
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_llama() -> Path:
-    root = fixtures_root() / "tiny-llama"
-    if not (root / "tiny-llama-Q4_K_M.gguf").exists():
-        pytest.skip("tiny-llama fixture is not built (run: python3 dev.py setup)")
-    return root
 
 
 @pytest.mark.parametrize("gguf_type", ["F32", "Q8_0", "Q4_K_M"])

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import codes, fixtures_root, run_gates
+from tests.conftest import codes, run_gates
 from tests.gguf_rewrite import rewrite
 from worker.texts import DEFAULT_TEXTS
 
@@ -20,22 +19,6 @@ ENGLISH = (
     "Platform teams gate every quantized model before it ships.",
     "a",
 )
-
-
-@pytest.fixture(scope="module")
-def qwen3() -> Path:
-    root = fixtures_root() / "tiny-qwen3"
-    if not (root / "tiny-qwen3-Q8_0.gguf").exists():
-        pytest.skip("tiny-qwen3 fixture is not built (run: python3 dev.py setup)")
-    return root
-
-
-@pytest.fixture(scope="module")
-def tiny_llama() -> Path:
-    root = fixtures_root() / "tiny-llama"
-    if not (root / "tiny-llama-F32.gguf").exists():
-        pytest.skip("tiny-llama fixture is not built (run: python3 dev.py setup)")
-    return root
 
 
 def runtime(report) -> dict:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.errors import CodedError
 from worker.formats.ggml_types import GGML_TYPES, SCALAR_FORMATS, GGMLType, ValueType
 
 GGUF_MAGIC = b"GGUF"
@@ -40,14 +41,8 @@ TOKEN_ID_KEYS = tuple(
 )
 
 
-class GGUFStructureError(Exception):
+class GGUFStructureError(CodedError):
     """The file is not a well-formed GGUF; `code` is a `gguf.*` blocker code."""
-
-    def __init__(self, code: str, why: str, tensor: str | None = None) -> None:
-        super().__init__(why)
-        self.code = code
-        self.why = why
-        self.tensor = tensor
 
 
 @dataclass(frozen=True, slots=True)
