@@ -21,6 +21,10 @@ class CodedError(ConvgateError):
         self.tensor = tensor
 
 
+class UnsupportedTypeError(ConvgateError):
+    """No independent reader exists for a tensor type (gguf-py cannot dequantize it)."""
+
+
 class SourceError(CodedError):
     """The source model cannot be used; `code` is a `source.*` blocker code."""
 

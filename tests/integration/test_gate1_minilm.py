@@ -154,3 +154,20 @@ def test_wrong_source_tensor_is_caught_through_the_permuted_reproduction(minilm,
     bad.write_bytes(bytes(data))
     report = run_gate1(minilm / "source", bad)
     assert blocked_tensors(report, "tensor.reproduction_mismatch") == {"blk.0.ffn_down.weight"}
+
+
+def test_a_type_no_independent_reader_handles_is_a_blocker_not_a_crash(minilm, monkeypatch):
+    from worker.errors import UnsupportedTypeError
+    from worker.quant import reference
+
+    real = reference.dequantize
+
+    def no_q8_0(raw, ggml_type):
+        if ggml_type.name == "Q8_0":
+            raise UnsupportedTypeError("gguf-py cannot dequantize Q8_0 (simulated)")
+        return real(raw, ggml_type)
+
+    monkeypatch.setattr(reference, "dequantize", no_q8_0)
+    report = run_gate1(minilm / "source", minilm / "minilm-Q8_0.gguf")
+    assert report.verdict == "NO-GO"
+    assert len(blocked_tensors(report, "tensor.type_unsupported")) == 37

@@ -87,3 +87,12 @@ def test_derived_bound_holds_for_the_reference_quantizer_and_is_not_loose(type_n
     bound = reference.error_bound(raw, ggml_type)
     assert np.all(error <= bound)
     assert error.max() / bound.max() > 0.3 or (error / bound).max() > 0.8  # tight enough to mean something
+
+
+@pytest.mark.parametrize("type_name", ["Q8_1", "Q1_0"])
+def test_types_gguf_py_cannot_read_raise_our_error(type_name):
+    from worker.errors import UnsupportedTypeError
+
+    ggml_type = GGML_TYPES_BY_NAME[type_name]
+    with pytest.raises(UnsupportedTypeError, match=type_name):
+        reference.dequantize(np.zeros((1, ggml_type.type_size), np.uint8), ggml_type)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from worker.blockers import Blocker
-from worker.errors import ReferenceMissingError, SourceError
+from worker.errors import ReferenceMissingError, SourceError, UnsupportedTypeError
 from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
 from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for
@@ -77,6 +77,9 @@ def run_storage_gate(
         except ReferenceMissingError as exc:
             blockers.append(Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
                                     tensor=info.name))
+            continue
+        except UnsupportedTypeError as exc:
+            blockers.append(Blocker(code="tensor.type_unsupported", gate="storage", why=str(exc), tensor=info.name))
             continue
         rows.append(row)
         blockers.extend(tensor_blockers)

@@ -11,6 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from worker.errors import UnsupportedTypeError
 from worker.formats.ggml_types import GGMLType
 from worker.quant import libggml
 
@@ -54,7 +55,11 @@ def quantize(values: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
 
 def dequantize(raw_rows: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
     """gguf-py's numpy dequantizer: float32 rows."""
-    return gguf_quants.dequantize(np.asarray(raw_rows), GGMLQuantizationType(ggml_type.id))
+    try:
+        qtype = GGMLQuantizationType(ggml_type.id)
+        return gguf_quants.dequantize(np.asarray(raw_rows), qtype)
+    except (ValueError, NotImplementedError) as exc:
+        raise UnsupportedTypeError(f"gguf-py cannot dequantize {ggml_type.name}: {exc}") from exc
 
 
 def error_bound(raw_rows: np.ndarray, ggml_type: GGMLType) -> np.ndarray | None:
