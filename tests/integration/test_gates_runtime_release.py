@@ -153,3 +153,10 @@ def test_causal_lm_with_corrupted_output_head_fails_logits(tiny_llama, tmp_path)
     twin = defect_copy(tiny_llama / "tiny-llama-F32.gguf", tmp_path, "output.weight", scramble)
     report = run_gates(tiny_llama / "source", twin, {2}, texts=ENGLISH)
     assert {"logits.nmse_above_threshold", "logits.kl_above_threshold"} <= codes(report)
+
+
+def test_a_text_longer_than_the_context_is_skipped_and_reported(minilm):
+    too_long = "verification " * 700
+    report = run_gates(minilm / "source", minilm / "minilm-F16.gguf", {2}, texts=(*ENGLISH, too_long))
+    assert report.verdict == "GO", report.blockers
+    assert runtime(report)["skipped_texts"] == ["line-5"]

@@ -55,10 +55,13 @@ def context_size(layout: GGUFLayout, policy: Policy) -> int:
     return int(min(layout.metadata.get(f"{arch}.context_length", 512), policy.max_context_tokens))
 
 
-def text_set(user_texts: tuple[str, ...] | None, hf: HFTokenizer, n_ctx: int) -> tuple[tuple[Text, ...], list[str]]:
-    """The texts to measure (user's or default + one near the context limit) and those skipped."""
+def text_set(user_texts: tuple[str, ...] | None, hf: HFTokenizer, candidate: LlamaCandidate,
+             n_ctx: int) -> tuple[tuple[Text, ...], list[str]]:
+    """The texts to measure (user's or default + one near the context limit) and those skipped
+    because either tokenizer makes them longer than the context."""
     def count(text: str) -> int:
-        return len(hf.encode(text, add_special=True, parse_special=False))
+        return max(len(hf.encode(text, add_special=True, parse_special=False)),
+                   len(candidate.tokenize(text, add_special=True, parse_special=False)))
 
     if user_texts is not None:
         candidates = tuple(Text(f"line-{i + 1}", text) for i, text in enumerate(user_texts))
@@ -92,7 +95,6 @@ def run_runtime_gate(
     n_ctx = context_size(layout, policy)
     try:
         hf = HFTokenizer(source.root / "tokenizer.json")
-        texts, skipped = text_set(user_texts, hf, n_ctx)
         progress("runtime", 0, 3)
         candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx)
     except ReferenceMissingError as exc:
@@ -100,6 +102,7 @@ def run_runtime_gate(
     except CandidateLoadError as exc:
         return _fail(started, Blocker(code="runtime.load_failed", gate="runtime", why=str(exc)))
     try:
+        texts, skipped = text_set(user_texts, hf, candidate, n_ctx)
         tokens = check_tokenizer(texts, hf.encode, candidate.tokenize, hf.raw, dict(layout.metadata),
                                  policy.token_ids_exact)
         progress("runtime", 1, 3)
