@@ -136,6 +136,8 @@ def verify(
                                                       request.kind, progress)
         run.record(result, blockers)
         run.not_verified.extend(f"input kind: {gap}" for gap in result.details.get("not_covered", []))
+        if skipped := result.details.get("skipped_texts"):
+            run.not_verified.append(f"texts longer than the context, not measured: {', '.join(skipped)}")
     if 3 in request.gates:
         sentence = sentence_config(source)
         kind = measured.kind if measured else model_kind(source, sentence, request.kind)

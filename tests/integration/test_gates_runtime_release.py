@@ -160,3 +160,4 @@ def test_a_text_longer_than_the_context_is_skipped_and_reported(minilm):
     report = run_gates(minilm / "source", minilm / "minilm-F16.gguf", {2}, texts=(*ENGLISH, too_long))
     assert report.verdict == "GO", report.blockers
     assert runtime(report)["skipped_texts"] == ["line-5"]
+    assert "texts longer than the context, not measured: line-5" in report.not_verified
