@@ -72,6 +72,37 @@ def text_set(user_texts: tuple[str, ...] | None, hf: HFTokenizer, candidate: Lla
     return kept, skipped
 
 
+def _measure_embeddings(
+    texts: tuple[Text, ...], hf: HFTokenizer, model: HFModel, candidate: LlamaCandidate, sentence: SentenceConfig,
+    ids_equal: dict[str, bool], policy: Policy, n_ctx: int,
+) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
+    pooling = sentence.pooling or "mean"
+
+    def reference(text: str):
+        return model.embed(hf.encode(text, add_special=True, parse_special=False), pooling)
+
+    result = check_embeddings(texts, reference, candidate.embed, sentence, ids_equal, policy)
+    details = {"min_cosine": result.min_cosine, "per_text": result.per_text, "retrieval": result.retrieval,
+               "diagnosis": result.diagnosis, "pooling": pooling, "normalize": sentence.normalize}
+    measured = RuntimeMeasurements("embedding", n_ctx, retrieval_top1=tuple(result.retrieval["candidate_top1"]))
+    return result.blockers, details, measured
+
+
+def _measure_logits(
+    texts: tuple[Text, ...], model: HFModel, candidate: LlamaCandidate, policy: Policy, n_ctx: int,
+) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
+    def tokenize(text: str) -> list[int]:
+        return candidate.tokenize(text, add_special=True, parse_special=False)
+
+    result = check_logits(texts, tokenize, model.logits, candidate.logits, policy)
+    first = result.per_text[0] if result.per_text else None
+    measured = RuntimeMeasurements(
+        "causal-lm", n_ctx, logits_text=next((t.text for t in texts if first and t.label == first["label"]), None),
+        logits_top1=tuple(first["candidate_top1"]) if first else (),
+    )
+    return result.blockers, {"summary": result.summary, "per_text": result.per_text}, measured
+
+
 def _fail(started: float, blocker: Blocker, **details: Any) -> tuple[GateResult, list[Blocker], None]:
     result = GateResult(name="runtime", status="failed", seconds=time.perf_counter() - started, details=details)
     return result, [blocker], None
@@ -113,30 +144,11 @@ def run_runtime_gate(
         }
         model = HFModel(source.root, causal=kind == "causal-lm")
         if kind == "embedding":
-            assert sentence.pooling is not None or requested_kind == "embedding"
-            pooling = sentence.pooling or "mean"
-
-            def reference(text: str):
-                return model.embed(hf.encode(text, add_special=True, parse_special=False), pooling)
-
-            emb = check_embeddings(texts, reference, candidate.embed, sentence, tokens.default_ids_equal, policy)
-            blockers.extend(emb.blockers)
-            details["embeddings"] = {"min_cosine": emb.min_cosine, "per_text": emb.per_text,
-                                     "retrieval": emb.retrieval, "diagnosis": emb.diagnosis,
-                                     "pooling": pooling, "normalize": sentence.normalize}
-            measured = RuntimeMeasurements(kind, n_ctx, retrieval_top1=tuple(emb.retrieval["candidate_top1"]))
+            found, details["embeddings"], measured = _measure_embeddings(
+                texts, hf, model, candidate, sentence, tokens.default_ids_equal, policy, n_ctx)
         else:
-            def tokenize(text: str) -> list[int]:
-                return candidate.tokenize(text, add_special=True, parse_special=False)
-
-            logits = check_logits(texts, tokenize, model.logits, candidate.logits, policy)
-            blockers.extend(logits.blockers)
-            details["logits"] = {"summary": logits.summary, "per_text": logits.per_text}
-            first = logits.per_text[0] if logits.per_text else None
-            measured = RuntimeMeasurements(
-                kind, n_ctx, logits_text=next((t.text for t in texts if first and t.label == first["label"]), None),
-                logits_top1=tuple(first["candidate_top1"]) if first else (),
-            )
+            found, details["logits"], measured = _measure_logits(texts, model, candidate, policy, n_ctx)
+        blockers.extend(found)
         progress("runtime", 3, 3)
     except ReferenceMissingError as exc:
         return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))

@@ -164,6 +164,54 @@ def readers_agree(raw_rows: np.ndarray, info: TensorInfo, n_rows: int, samples: 
     return bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)))
 
 
+def check_kind(info: TensorInfo, policy: Policy) -> str:
+    if not info.ggml_type.quantized:
+        return "bit-exact"
+    if policy.reproduce_quantized and reference.reproducer_name(info.ggml_type):
+        return "reproduced"
+    return "bounded"
+
+
+def _compare(raw_rows: np.ndarray, info: TensorInfo, source: SourceTensor, transform: RowTransform | None,
+             policy: Policy) -> _Accumulator:
+    """Stream the tensor in row chunks (source rows reordered by the transform) into one accumulator."""
+    acc = _Accumulator()
+    source_rows = source.as_rows()
+    n_rows = raw_rows.shape[0]
+    step = max(1, CHUNK_ELEMENTS // max(info.shape[0], 1))
+    for start in range(0, n_rows, step):
+        stop = min(start + step, n_rows)
+        selection = transform.order[start:stop] if transform else slice(start, stop)
+        x = source.widen(source_rows[selection])
+        chunk = np.ascontiguousarray(raw_rows[start:stop])
+        if info.ggml_type.quantized:
+            _quantized_chunk(acc, x, chunk, info, policy)
+        else:
+            _float_chunk(acc, x, chunk, info.ggml_type.name)
+    return acc
+
+
+def _judge(acc: _Accumulator, info: TensorInfo, check: str, crosscheck: str | None) -> list[Blocker]:
+    """The blockers one tensor's measurements call for."""
+    name = info.ggml_type.name
+    found: list[tuple[str, str]] = []
+    if crosscheck == "disagree":
+        found.append(("verifier.reader_disagreement", f"gguf-py and libggml dequantize {info.name} differently"))
+    if acc.not_finite:
+        found.append(("tensor.not_finite", f"{acc.not_finite} stored values are NaN/inf where the source is finite"))
+    if check == "reproduced" and acc.mismatched:
+        found.append(("tensor.reproduction_mismatch",
+                      f"{acc.mismatched} {name} blocks differ from the reference re-quantization "
+                      f"({acc.ties} rounding ties forgiven); max-abs {acc.max_abs:.3g}"))
+    elif check == "bit-exact" and acc.mismatched:
+        found.append(("tensor.value_mismatch", f"{acc.mismatched} values differ bitwise; max-abs {acc.max_abs:.3g}"))
+    elif check == "bounded" and reference.bound_description(info.ggml_type) is None:
+        found.append(("tensor.type_unsupported", f"no reproducer or derived bound for {name}"))
+    elif check == "bounded" and acc.bound_violations:
+        found.append(("tensor.value_mismatch", f"{acc.bound_violations} values exceed the {name} bound"))
+    return [Blocker(code=code, gate="storage", why=why, tensor=info.name) for code, why in found]
+
+
 def check_tensor(
     file_bytes: np.ndarray,
     info: TensorInfo,
@@ -176,71 +224,22 @@ def check_tensor(
     row_len = info.shape[0]
     n_rows = info.n_elements // row_len if row_len else 0
     raw_rows = file_bytes[info.offset : info.offset + info.nbytes].reshape(n_rows, ggml_type.row_bytes(row_len))
-    source_rows = source.as_rows()
-    acc = _Accumulator()
-    quantized = ggml_type.quantized
-    step = max(1, CHUNK_ELEMENTS // max(row_len, 1))
-    for start in range(0, n_rows, step):
-        stop = min(start + step, n_rows)
-        selection = transform.order[start:stop] if transform else slice(start, stop)
-        x = source.widen(source_rows[selection])
-        chunk = np.ascontiguousarray(raw_rows[start:stop])
-        if quantized:
-            _quantized_chunk(acc, x, chunk, info, policy)
-        else:
-            _float_chunk(acc, x, chunk, ggml_type.name)
-
-    blockers: list[Blocker] = []
-
-    def block(code: str, why: str) -> None:
-        blockers.append(Blocker(code=code, gate="storage", why=why, tensor=info.name))
-
-    reproducer = reference.reproducer_name(ggml_type)
-    if not quantized:
-        check = "bit-exact"
-    elif policy.reproduce_quantized and reproducer:
-        check = "reproduced"
-    else:
-        check = "bounded"
+    acc = _compare(raw_rows, info, source, transform, policy)
+    check = check_kind(info, policy)
     crosscheck = None
-    if quantized:
-        crosscheck = "agree" if readers_agree(raw_rows, info, n_rows, policy.reader_crosscheck_rows) else "disagree"
-        if crosscheck == "disagree":
-            block("verifier.reader_disagreement", f"gguf-py and libggml dequantize {info.name} differently")
-    if acc.not_finite:
-        block("tensor.not_finite", f"{acc.not_finite} stored values are NaN/inf where the source is finite")
-    if check == "reproduced" and acc.mismatched:
-        block(
-            "tensor.reproduction_mismatch",
-            f"{acc.mismatched} {ggml_type.name} blocks differ from the reference re-quantization "
-            f"({acc.ties} rounding ties forgiven); max-abs {acc.max_abs:.3g}",
-        )
-    elif check == "bit-exact" and acc.mismatched:
-        block("tensor.value_mismatch", f"{acc.mismatched} values differ bitwise; max-abs {acc.max_abs:.3g}")
-    elif check == "bounded" and (acc.bound_violations or reference.bound_description(ggml_type) is None):
-        if reference.bound_description(ggml_type) is None:
-            block("tensor.type_unsupported", f"no reproducer or derived bound for {ggml_type.name}")
-        else:
-            block("tensor.value_mismatch", f"{acc.bound_violations} values exceed the {ggml_type.name} bound")
+    if ggml_type.quantized:
+        agree = readers_agree(raw_rows, info, n_rows, policy.reader_crosscheck_rows)
+        crosscheck = "agree" if agree else "disagree"
+    blockers = _judge(acc, info, check, crosscheck)
+    bound = reference.bound_description(ggml_type) if ggml_type.quantized else None
     row = TensorRow(
-        gguf_name=info.name,
-        source_names=[source.name],
-        transform=transform.name if transform else None,
-        gguf_type=ggml_type.name,
-        source_dtype=source.dtype,
-        shape=list(info.numpy_shape),
-        check=check,
-        reproducer=reproducer if check == "reproduced" else None,
-        input_precision=",".join(sorted(acc.precisions)) or None,
-        max_abs=acc.max_abs,
-        rel_l2=acc.rel_l2,
-        mismatched=acc.mismatched,
-        ties_forgiven=acc.ties,
-        not_finite=acc.not_finite,
-        signed_zero_flips=acc.signed_zero_flips,
-        bound=reference.bound_description(ggml_type) if quantized else None,
-        bound_violations=acc.bound_violations if quantized and reference.bound_description(ggml_type) else None,
-        reader_crosscheck=crosscheck,
+        gguf_name=info.name, source_names=[source.name], transform=transform.name if transform else None,
+        gguf_type=ggml_type.name, source_dtype=source.dtype, shape=list(info.numpy_shape), check=check,
+        reproducer=reference.reproducer_name(ggml_type) if check == "reproduced" else None,
+        input_precision=",".join(sorted(acc.precisions)) or None, max_abs=acc.max_abs, rel_l2=acc.rel_l2,
+        mismatched=acc.mismatched, ties_forgiven=acc.ties, not_finite=acc.not_finite,
+        signed_zero_flips=acc.signed_zero_flips, bound=bound,
+        bound_violations=acc.bound_violations if bound else None, reader_crosscheck=crosscheck,
         result="fail" if blockers else "ok",
     )
     return row, blockers
