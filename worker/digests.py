@@ -25,7 +25,8 @@ def sha256_file(path: Path, progress: Callable[[int, int], None] | None = None) 
 
 
 def digest_file(path: Path, uri: str | None = None) -> FileDigest:
-    return FileDigest(uri=uri or path.resolve().as_uri(), sha256=sha256_file(path), size=path.stat().st_size)
+    """Named by the path as given (a hub snapshot's symlinks stay its file names, not blob ids)."""
+    return FileDigest(uri=uri or path.absolute().as_uri(), sha256=sha256_file(path), size=path.stat().st_size)
 
 
 def digest_tree(root: Path) -> list[FileDigest]:

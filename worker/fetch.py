@@ -199,9 +199,8 @@ def fetch_source(uri: str, store: ContentStore, policy: FetchPolicy) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
 
-    target = store.root / "snapshots" / match["repo"].replace("/", "--") / match["rev"]
-    try:
-        return Path(snapshot_download(match["repo"], revision=match["rev"], local_dir=target,
+    try:  # the hub cache's snapshot folder holds exactly the repository's files at that commit
+        return Path(snapshot_download(match["repo"], revision=match["rev"], cache_dir=store.root / "hf",
                                       endpoint=policy.hf_endpoint))
     except (HfHubHTTPError, OSError, ValueError) as exc:
         raise FetchError("artifact.fetch_failed", f"{uri}: {exc}") from exc

@@ -208,3 +208,22 @@ def test_wrong_digest_through_the_engine_is_a_no_go(https_server, policy, tmp_pa
 def test_tmp_is_clean_after_success(https_server, policy, store):
     fetch_artifact(url(https_server, "/model.gguf"), None, store, policy)
     assert not list(Path(store.root / "tmp").iterdir())
+
+
+def test_hf_source_snapshot_at_a_pinned_commit(hub, store, monkeypatch):
+    from worker.digests import digest_tree
+    from worker.fetch import fetch_source
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    files = {"config.json": b'{"model_type": "bert"}', "model.safetensors": b"\0" * 64}
+    ROUTES[f"/api/models/org/src/revision/{COMMIT}"] = (200, {"Content-Type": "application/json"}, json.dumps(
+        {"id": "org/src", "sha": COMMIT, "siblings": [{"rfilename": name} for name in files]}).encode())
+    for name, body in files.items():
+        etag = hashlib.sha256(body).hexdigest()
+        ROUTES[f"/org/src/resolve/{COMMIT}/{name}"] = (200, {"X-Repo-Commit": COMMIT, "ETag": f'"{etag}"'}, body)
+    root = fetch_source(f"hf://org/src@{COMMIT}", store, FetchPolicy(hf_endpoint=hub))
+    assert sorted(p.name for p in root.iterdir()) == ["config.json", "model.safetensors"]
+    digests = {Path(d.uri).name: d.sha256 for d in digest_tree(root)}
+    assert digests == {name: hashlib.sha256(body).hexdigest() for name, body in files.items()}
+    with pytest.raises(FetchError, match="40-hex"):
+        fetch_source("hf://org/src@main", store, FetchPolicy(hf_endpoint=hub))
