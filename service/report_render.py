@@ -57,9 +57,15 @@ def to_markdown(verification_id: str, report: dict[str, Any]) -> str:
     return "\n".join(lines + model_card(report)) + "\n"
 
 
+STYLE = ("body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:70rem;color:#1d2330}"
+         "table{border-collapse:collapse}td,th{border-bottom:1px solid #dde2ea;padding:.3rem .7rem;text-align:left}"
+         "code{font-size:.9em}")
+
+
 def to_html(verification_id: str, report: dict[str, Any]) -> str:
-    """Minimal, dependency-free HTML: every line of the Markdown, escaped, tables kept as text."""
-    body = "\n".join(f"<p>{html.escape(line)}</p>" if line else "" for line in
-                     to_markdown(verification_id, report).splitlines())
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>convgate {html.escape(verification_id)}"
-            f"</title></head><body>{body}</body></html>")
+    """The Markdown rendered by markdown-it (raw HTML disabled, so report text cannot inject markup)."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(to_markdown(verification_id, report))
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>convgate "
+            f"{html.escape(verification_id)}</title><style>{STYLE}</style></head><body>{body}</body></html>")

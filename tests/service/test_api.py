@@ -46,7 +46,7 @@ def submit(api, who=Role.SUBMITTER, key=None, **overrides):
 
 def complete(api, verification_id: str, verdict: str = "GO", sha: str = SHA) -> None:
     report = {"verdict": verdict, "blockers": [] if verdict == "GO" else [{"code": "tensor.value_mismatch",
-              "gate": "storage", "why": "x", "tensor": "t", "text": None}],
+              "gate": "storage", "why": "<script>alert(1)</script>", "tensor": "t", "text": None}],
               "gates": {"storage": {"name": "storage", "status": "passed", "seconds": 2.0, "details": {}}},
               "policy": {"values": {"version": "v", "min_cosine": 0.99}, "sha256": "p" * 64},
               "artifact": {"uri": "file:///models/m.gguf", "sha256": sha, "size": 1},
@@ -148,6 +148,7 @@ def test_report_by_accept_header_with_model_card(api):
     assert "min_cosine=0.99" in markdown.text and "retrieval quality" in markdown.text
     page = api.get(f"/v1/verifications/{created}/report", headers=headers | {"Accept": "text/html"})
     assert page.text.startswith("<!doctype html>") and SHA in page.text
+    assert "<table>" in page.text and "<h2>Verification (model card section)</h2>" in page.text
     assert api.get(f"/v1/verifications/{created}", headers=headers).json()["verdict"] == "GO"
 
 
@@ -196,3 +197,10 @@ def test_queue_metrics_and_probes(api):
     assert 'convgate_gate_duration_seconds_bucket{gate="storage",le="2.5"} 1.0' in metrics
     assert api.get("/healthz").text == "ok" and api.get("/readyz").text == "ready"
     assert "/v1/verifications" in json.dumps(api.get("/openapi.json").json()["paths"])
+
+
+def test_html_report_escapes_what_came_from_the_artifact(api):
+    created = submit(api).json()["id"]
+    complete(api, created, "NO-GO")
+    page = api.get(f"/v1/verifications/{created}/report", headers=auth(api, Role.AUDITOR) | {"Accept": "text/html"})
+    assert "<script>" not in page.text and "&lt;script&gt;" in page.text
