@@ -133,8 +133,9 @@ def ensure_chromium() -> None:
 
 
 def test(pytest_args: list[str]) -> int:
-    """Lint, build every fixture, run the whole suite."""
+    """Lint and type-check, build every fixture, run the whole suite."""
     _check(VENV / "bin" / "ruff", "check", "worker", "service", "tests", "scripts", "migrations", "dev.py")
+    _check(VENV / "bin" / "mypy", "worker", "service")
     ensure_postgres()
     ensure_chromium()
     build_fixtures()

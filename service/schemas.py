@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from worker.policy import Policy
 
 SHA256 = r"^[0-9a-f]{64}$"
+GateNumber = Literal[1, 2, 3]
+ALL_GATES: tuple[GateNumber, ...] = (1, 2, 3)
 
 
 class SubmitRequest(BaseModel):
@@ -20,7 +22,7 @@ class SubmitRequest(BaseModel):
     artifact_sha256: str = Field(pattern=SHA256, description="expected sha256 of the artifact")
     kind: Literal["auto", "embedding", "causal-lm"] = "auto"
     policy: str | Policy = Field("default", description="a policy name known to the server, or an inline policy")
-    gates: list[Literal[1, 2, 3]] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    gates: list[GateNumber] = Field(default_factory=lambda: list(ALL_GATES), min_length=1)
     texts: list[str] | None = Field(None, max_length=1000)
     release_files: list[str] = Field(default_factory=list, max_length=100,
                                      description="other files of the release package (file:// URIs)")

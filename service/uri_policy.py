@@ -33,7 +33,8 @@ class UriPolicy:
                 raise UriRefusedError("file:// URIs are disabled on this server")
             return
         if parsed.scheme == "hf":
-            if not HF_URI.match(uri) or (directory and HF_URI.match(uri)["path"]):
+            match = HF_URI.match(uri)
+            if match is None or (directory and match["path"]):
                 raise UriRefusedError("hf:// URIs must pin a 40-hex commit: hf://owner/repo@<commit>[/path]")
             return
         if parsed.scheme != "https" or directory:
@@ -69,4 +70,4 @@ def resolve(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise UriRefusedError(f"host {host!r} does not resolve") from exc
-    return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]

@@ -138,7 +138,8 @@ def _fetch_hf(match: re.Match[str], expected: str | None, store: ContentStore, p
         raise FetchError("artifact.fetch_failed", "an hf:// artifact URI must name a file")
     try:
         infos = HfApi(endpoint=policy.hf_endpoint).get_paths_info(repo, [path], revision=revision)
-        lfs_sha = next((info.lfs.sha256 for info in infos if getattr(info, "lfs", None)), None)
+        lfs = next((lfs for info in infos if (lfs := getattr(info, "lfs", None)) is not None), None)
+        lfs_sha = lfs.sha256 if lfs is not None else None
         store.root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=store.root) as scratch:
             local = Path(hf_hub_download(repo, path, revision=revision, cache_dir=scratch,

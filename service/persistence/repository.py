@@ -8,9 +8,10 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast, overload
 
 from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from service.persistence.models import (
@@ -29,6 +30,10 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+@overload
+def as_utc(moment: datetime) -> datetime: ...
+@overload
+def as_utc(moment: None) -> None: ...
 def as_utc(moment: datetime | None) -> datetime | None:
     """SQLite returns naive datetimes; everything here is UTC."""
     if moment is None or moment.tzinfo is not None:
@@ -53,7 +58,7 @@ def active_token(session: Session, token_sha256: str) -> ApiToken | None:
 def revoke_token(session: Session, name: str) -> bool:
     result = session.execute(update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
                              .values(revoked_at=now()))
-    return result.rowcount == 1
+    return cast(CursorResult, result).rowcount == 1
 
 
 def list_tokens(session: Session) -> list[ApiToken]:
@@ -193,7 +198,7 @@ def heartbeat(session: Session, verification_id: str, attempt: int, progress: di
                Verification.state == State.RUNNING)
         .values(heartbeat_at=now(), progress=progress, updated_at=now())
     )
-    return result.rowcount == 1
+    return cast(CursorResult, result).rowcount == 1
 
 
 def record_verdict(session: Session, verification_id: str, attempt: int, report: dict[str, Any]) -> bool:

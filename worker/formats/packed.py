@@ -88,11 +88,10 @@ def decode(file: SafetensorsFile, spec: PackedSpec) -> np.ndarray:
     codes = (bits.astype(np.uint16) @ weights).astype(np.float32).reshape(-1, spec.group_size)
     scales_entry = file.entries[f"{spec.name}.scales"]
     scales = to_float32(file.array(scales_entry.name), scales_entry.dtype).reshape(-1, 1)
+    zeros: np.ndarray | np.float32 = np.float32(1 << (spec.bits - 1))
     if f"{spec.name}.zeros" in file.entries:
         zeros_entry = file.entries[f"{spec.name}.zeros"]
         zeros = to_float32(file.array(zeros_entry.name), zeros_entry.dtype).reshape(-1, 1)
-    else:
-        zeros = np.float32(1 << (spec.bits - 1))
     return (scales * (codes - zeros)).astype(np.float32).reshape(spec.shape)
 
 

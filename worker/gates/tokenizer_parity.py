@@ -8,14 +8,14 @@ token, divergence only on non-ASCII text means normalisation.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker.blockers import Blocker
 from worker.texts import Text
 
-COMBINATIONS = tuple(itertools.product((True, False), repeat=2))  # (add_special, parse_special)
+# (add_special, parse_special)
+COMBINATIONS: tuple[tuple[bool, bool], ...] = ((True, True), (True, False), (False, True), (False, False))
 DEFAULT_COMBINATION = (True, False)  # what llama.cpp's embedding and completion paths use
 PROBE = "hello"
 
@@ -49,12 +49,12 @@ def _template(processor: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ..
     if kind in ("BertProcessing", "RobertaProcessing"):
         return (int(processor["cls"][1]),), (int(processor["sep"][1]),)
     if kind == "Sequence":
-        prefix: tuple[int, ...] = ()
-        suffix: tuple[int, ...] = ()
+        before: tuple[int, ...] = ()
+        after: tuple[int, ...] = ()
         for inner in processor.get("processors") or []:
             inner_prefix, inner_suffix = _template(inner)
-            prefix, suffix = prefix + inner_prefix, suffix + inner_suffix
-        return prefix, suffix
+            before, after = before + inner_prefix, after + inner_suffix
+        return before, after
     return (), ()
 
 

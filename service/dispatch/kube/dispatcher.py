@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -61,7 +61,8 @@ class KubernetesDispatcher:
         name = body["metadata"]["name"]
         for attempt in range(self.kube.create_attempts):
             try:
-                self.batch.create_namespaced_job(self.kube.namespace, body,
+                # the client serializes plain dicts as they are; the model class adds nothing here
+                self.batch.create_namespaced_job(self.kube.namespace, cast(Any, body),
                                                  _request_timeout=self.kube.api_timeout_seconds)
                 return
             except Exception as exc:
