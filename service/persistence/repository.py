@@ -308,5 +308,8 @@ def gate_duration_histogram(session: Session, buckets: tuple[float, ...]) -> dic
     """Per gate: cumulative counts at each bucket bound, total count and sum, computed in SQL."""
     columns = [func.sum(case((GateResultRow.seconds <= bound, 1), else_=0)) for bound in buckets]
     query = select(GateResultRow.gate, func.count(), func.sum(GateResultRow.seconds), *columns)
-    return {gate: ([int(c or 0) for c in counts], int(total), float(seconds or 0.0))
-            for gate, total, seconds, *counts in session.execute(query.group_by(GateResultRow.gate))}
+    histogram: dict[str, tuple[list[int], int, float]] = {}
+    for row in session.execute(query.group_by(GateResultRow.gate)):
+        gate, total, seconds, *counts = tuple(row)
+        histogram[str(gate)] = ([int(c or 0) for c in counts], int(total), float(seconds or 0.0))
+    return histogram
