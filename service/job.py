@@ -9,9 +9,7 @@ import json
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,7 +19,7 @@ from service.persistence.db import make_engine, session_factory, transaction
 from service.verifications import uri_policy
 from worker.engine import SourceUnavailableError, VerifyRequest, verify
 from worker.errors import ConvgateError
-from worker.fetch import ContentStore, FetchPolicy
+from worker.fetch import ContentStore, FetchPolicy, local_path
 from worker.policy import Policy
 
 log = logging.getLogger("convgate.job")
@@ -73,7 +71,7 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
         source_uri=stored["source_uri"], artifact_uri=stored["artifact_uri"],
         expected_sha256=stored["artifact_sha256"], gates=frozenset(stored.get("gates") or (1, 2, 3)),
         texts=tuple(stored["texts"]) if stored.get("texts") else None, kind=stored.get("kind", "auto"),
-        release_files=tuple(Path(unquote(urlparse(uri).path)) for uri in stored.get("release_files", [])),
+        release_files=tuple(local_path(uri) for uri in stored.get("release_files", [])),
     )
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 import typer
 from rich.console import Console
@@ -17,7 +17,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 
 from worker.engine import SourceUnavailableError, VerifyRequest, verify
 from worker.errors import UsageError
-from worker.fetch import ContentStore, FetchPolicy
+from worker.fetch import ContentStore, FetchPolicy, local_path
 from worker.policy import load_policy
 from worker.summary import render_summary
 
@@ -35,7 +35,7 @@ def _check_local(value: str, what: str) -> str:
     """Local paths must exist (else exit 2); remote URIs are fetched by the engine."""
     parsed = urlparse(value)
     if parsed.scheme in ("", "file"):
-        path = Path(unquote(parsed.path) if parsed.scheme else value)
+        path = local_path(value)
         if not path.exists():
             raise UsageError(f"{what} {value} does not exist")
         return path.resolve().as_uri()

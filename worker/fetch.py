@@ -156,12 +156,17 @@ def _fetch_hf(match: re.Match[str], expected: str | None, store: ContentStore, p
         raise FetchError("artifact.fetch_failed", f"hf://{repo}@{revision}/{path}: {exc}") from exc
 
 
+def local_path(uri: str) -> Path:
+    """The path a plain path or a file:// URI names."""
+    parsed = urlparse(uri)
+    return Path(unquote(parsed.path) if parsed.scheme else uri)
+
+
 def _local(uri: str, policy: FetchPolicy) -> Path:
     """A plain path or a file:// URI, when the policy allows local files at all."""
     if not policy.allow_file:
         raise FetchError("artifact.fetch_failed", "file:// URIs are not enabled")
-    parsed = urlparse(uri)
-    return Path(unquote(parsed.path) if parsed.scheme else uri)
+    return local_path(uri)
 
 
 def fetch_artifact(

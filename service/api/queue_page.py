@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from service.api.deps import Principal, SessionDep, SettingsDep, require
+from service.api.deps import Principal, SessionDep, SettingsDep, get_principal, require
 from service.api.endpoints import queue_snapshot
 from service.auth import OPERATE
 from service.schemas import QueueOut
@@ -70,8 +70,6 @@ def queue_page(request: Request, session: SessionDep, settings: SettingsDep, tok
 
 
 def _authorised_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
-    from service.api.deps import get_principal
-
     principal = get_principal(request, session)
     if principal.role not in OPERATE:
         return HTMLResponse("forbidden", status_code=403)

@@ -3,6 +3,7 @@ Kubernetes Job runs, `convgate worker run --verification-id ID`."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,8 +19,6 @@ WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_host
 
 def worker_environment(settings: Settings) -> dict[str, str]:
     """The settings a worker needs, passed the way pydantic-settings reads them (JSON for structures)."""
-    import json
-
     env = dict(os.environ)
     dumped = settings.model_dump(mode="json")
     for key in WORKER_ENV_KEYS:

@@ -10,6 +10,9 @@ from typing import Any, ClassVar
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# 64-bit ids on Postgres; SQLite only autoincrements INTEGER PRIMARY KEY.
+BIG_ID = BigInteger().with_variant(Integer, "sqlite")
+
 
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[Any]: JSON}
@@ -63,7 +66,7 @@ class Verification(Base):
 class VerificationEvent(Base):
     __tablename__ = "verification_events"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"), index=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     from_state: Mapped[str | None] = mapped_column(String(16))
@@ -75,7 +78,7 @@ class VerificationEvent(Base):
 class Verdict(Base):
     __tablename__ = "verdicts"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"), unique=True)
     attempt: Mapped[int] = mapped_column(Integer)
     verdict: Mapped[str] = mapped_column(String(8))
@@ -87,7 +90,7 @@ class Verdict(Base):
 class GateResultRow(Base):
     __tablename__ = "gate_results"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     verdict_id: Mapped[int] = mapped_column(ForeignKey("verdicts.id"), index=True)
     gate: Mapped[str] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(16))
@@ -97,7 +100,7 @@ class GateResultRow(Base):
 class TensorRowRecord(Base):
     __tablename__ = "tensor_rows"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     verdict_id: Mapped[int] = mapped_column(ForeignKey("verdicts.id"), index=True)
     gguf_name: Mapped[str] = mapped_column(String(128))
     gguf_type: Mapped[str] = mapped_column(String(16))
@@ -110,7 +113,7 @@ class TensorRowRecord(Base):
 class FileDigestRecord(Base):
     __tablename__ = "file_digests"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     verdict_id: Mapped[int] = mapped_column(ForeignKey("verdicts.id"), index=True)
     uri: Mapped[str] = mapped_column(Text)
     sha256: Mapped[str] = mapped_column(String(64), index=True)

@@ -264,9 +264,7 @@ def stale_attempts(session: Session, lease: timedelta) -> list[Verification]:
 def record_cluster_status(session: Session, verification: Verification, status: str, position: int | None) -> None:
     """What the cluster says (Kueue admission, Job state), with an event whenever it changes."""
     if verification.cluster_status != status:
-        session.add(VerificationEvent(verification_id=verification.id, at=now(), from_state=verification.state,
-                                      to_state=verification.state, attempt=verification.attempt,
-                                      message=f"cluster: {status}"))
+        _event(session, verification, verification.state, State(verification.state), f"cluster: {status}")
         verification.cluster_status = status
     verification.queue_position = position
     session.flush()

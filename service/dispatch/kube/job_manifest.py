@@ -4,6 +4,7 @@ filesystem with a size-limited scratch volume for the artifact cache."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from service.config import KubernetesSettings, Settings
@@ -46,18 +47,12 @@ def _env(settings: Settings) -> list[dict[str, Any]]:
         {"name": "CONVGATE_LEASE_SECONDS", "value": str(settings.lease_seconds)},
     ]
     if settings.allowed_hosts is not None:
-        env.append({"name": "CONVGATE_ALLOWED_HOSTS", "value": _json(list(settings.allowed_hosts))})
+        env.append({"name": "CONVGATE_ALLOWED_HOSTS", "value": json.dumps(list(settings.allowed_hosts))})
     if settings.trusted_hosts:
-        env.append({"name": "CONVGATE_TRUSTED_HOSTS", "value": _json(list(settings.trusted_hosts))})
+        env.append({"name": "CONVGATE_TRUSTED_HOSTS", "value": json.dumps(list(settings.trusted_hosts))})
     if settings.hf_endpoint:
         env.append({"name": "CONVGATE_HF_ENDPOINT", "value": settings.hf_endpoint})
     return env
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
 
 
 def build_job(settings: Settings, verification_id: str, attempt: int) -> dict[str, Any]:
