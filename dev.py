@@ -107,39 +107,65 @@ def demo() -> int:
         server.wait(timeout=30)
 
 
-def ensure_postgres() -> None:
-    """The data-layer tests need the machine's Postgres; start its cluster if it is down."""
-    import socket
+PG_TEST_ROLE = "convgate_test"
+PG_TEST_PASSWORD = "convgate-test-only"  # a throwaway role on a loopback-only test server
 
-    try:
-        socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
-        return
-    except OSError:
-        pass
+
+def _apt_install(*packages: str) -> None:
+    """Install Debian packages (CI and developer machines run as root with apt reachable)."""
+    import shutil
+
+    if not shutil.which("apt-get"):
+        sys.exit(f"dev.py: {', '.join(packages)} missing and apt-get is not available to install it")
+    _check("apt-get", "update", "-qq")
+    _check("apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages)
+
+
+def _postgres_versions() -> list[str]:
     clusters = Path("/etc/postgresql")
-    if clusters.is_dir():
-        for version in sorted(p.name for p in clusters.iterdir()):
-            _run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
+    return sorted((p.name for p in clusters.iterdir() if (p / "main").is_dir()), key=int) if clusters.is_dir() else []
+
+
+def ensure_postgres() -> str:
+    """Install Debian's Postgres when missing, start its cluster, and make a password role for the tests.
+
+    Debian's default pg_hba allows only peer auth on the socket and scram on TCP, so the suite gets its
+    own CREATEDB role (created over the socket as the postgres user) instead of editing pg_hba.
+    Returns the admin URL the tests use (CONVGATE_TEST_PG)."""
+    import shutil
+
+    if not shutil.which("pg_ctlcluster") or not _postgres_versions():
+        _apt_install("postgresql")
+    versions = _postgres_versions()
+    if not versions:
+        major = sorted(p.name for p in Path("/usr/lib/postgresql").iterdir())[-1]
+        _check("pg_createcluster", major, "main")
+        versions = [major]
+    version = versions[-1]
+    _run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
+    sql = (f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{PG_TEST_ROLE}') THEN "
+           f"CREATE ROLE {PG_TEST_ROLE} LOGIN CREATEDB PASSWORD '{PG_TEST_PASSWORD}'; END IF; END $$;")
+    _check("runuser", "-u", "postgres", "--", "psql", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql)
+    return f"postgresql://{PG_TEST_ROLE}:{PG_TEST_PASSWORD}@127.0.0.1:5432/postgres"
 
 
 def ensure_chromium() -> None:
-    """The operator page is tested in Debian's headless Chromium; CI installs it when missing."""
+    """The operator page is tested in Debian's headless Chromium; install it when missing."""
     import shutil
 
-    if shutil.which("chromium") or not os.environ.get("CI") or not shutil.which("apt-get"):
-        return
-    if _run("apt-get", "update", "-qq") == 0:
-        _run("apt-get", "install", "-y", "-qq", "chromium")
+    if not shutil.which("chromium"):
+        _apt_install("chromium")
 
 
 def test(pytest_args: list[str]) -> int:
     """Lint and type-check, build every fixture, run the whole suite."""
     _check(VENV / "bin" / "ruff", "check", "worker", "service", "tests", "scripts", "migrations", "dev.py")
     _check(VENV / "bin" / "mypy", "worker", "service")
-    ensure_postgres()
+    pg_admin = os.environ.get("CONVGATE_TEST_PG") or ensure_postgres()
     ensure_chromium()
     build_fixtures()
-    env = dict(os.environ, CONVGATE_FIXTURES=str(FIXTURES))
+    env = dict(os.environ, CONVGATE_FIXTURES=str(FIXTURES), CONVGATE_TEST_PG=pg_admin,
+               CONVGATE_STRICT_SKIPS="1")
     return _run(PYTHON, "-m", "pytest", *pytest_args, env=env)
 
 

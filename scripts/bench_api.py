@@ -26,7 +26,7 @@ import uuid
 import httpx
 import psycopg
 
-ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
 
 
 def free_port() -> int:

@@ -20,6 +20,18 @@ REPO = Path(__file__).resolve().parent.parent
 MINILM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Under `python3 dev.py test` (CONVGATE_STRICT_SKIPS=1) a skip is a failure: a test nobody runs proves
+    nothing, and dev.py installs everything the suite needs."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("CONVGATE_STRICT_SKIPS") and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under dev.py test, which must provide everything: {reason}"
+
+
 def fixtures_root() -> Path:
     return Path(os.environ.get("CONVGATE_FIXTURES", REPO / ".fixtures"))
 

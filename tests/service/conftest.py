@@ -22,7 +22,7 @@ from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import upgrade
 
-PG_ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
 TABLES = "file_digests, tensor_rows, gate_results, verdicts, verification_events, verifications, api_tokens"
 
 
