@@ -21,6 +21,12 @@ PYTHON = VENV / "bin" / "python"
 STAMP = VENV / ".convgate-installed"
 TORCH = "torch==2.13.0"
 FIXTURES = ROOT / ".fixtures"
+LLAMA_CPP = "llama-cpp-python==0.3.36"
+# A portable CPU build: the default -march=native bakes in this host's AMX and AVX-512, which a VM may
+# not let a process use (SIGILL in the Q8_0 matmul on these machines) and another CI host may lack.
+LLAMA_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+                    "-DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
+CACHE = Path(os.environ.get("CONVGATE_CACHE", Path.home() / ".cache" / "convgate"))
 
 
 def _run(*args: str | Path, env: dict[str, str] | None = None) -> int:
@@ -33,9 +39,28 @@ def _check(*args: str | Path) -> None:
         sys.exit(f"dev.py: command failed: {' '.join(str(a) for a in args)}")
 
 
+def llama_wheel() -> Path:
+    """llama-cpp-python built once per version and build flags into a wheel folder outside the repo.
+
+    pip's own wheel cache keys a build by the sdist alone, not by CMAKE_ARGS, so this folder is the cache."""
+    key = hashlib.sha256(f"{LLAMA_CPP} {LLAMA_CMAKE_ARGS}".encode()).hexdigest()[:12]
+    folder = CACHE / "wheels" / f"{LLAMA_CPP.replace('==', '-')}-{key}"
+    wheels = sorted(folder.glob("*.whl"))
+    if wheels:
+        return wheels[0]
+    partial = folder.with_name(folder.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    print(f"dev.py: building {LLAMA_CPP} (portable CPU flags; 7-11 minutes on 2 cores, once)", file=sys.stderr)
+    env = dict(os.environ, CMAKE_ARGS=LLAMA_CMAKE_ARGS, FORCE_CMAKE="1")
+    if _run(PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir", "-w", partial, LLAMA_CPP, env=env):
+        sys.exit(f"dev.py: building {LLAMA_CPP} failed")
+    partial.rename(folder)
+    return sorted(folder.glob("*.whl"))[0]
+
+
 def ensure_venv() -> None:
-    """Create the virtual environment and install the project once per pyproject change."""
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    """Create the virtual environment and install the project once per pyproject or build-flag change."""
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + LLAMA_CMAKE_ARGS.encode()).hexdigest()
     if STAMP.exists() and STAMP.read_text() == wanted:
         return
     if not PYTHON.exists():
@@ -43,6 +68,7 @@ def ensure_venv() -> None:
     pip = (PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q")
     _check(*pip, "--upgrade", "pip")
     _check(*pip, TORCH)
+    _check(*pip, "--force-reinstall", "--no-deps", llama_wheel())
     _check(*pip, "-e", f"{ROOT}[dev]")
     STAMP.write_text(wanted)
 
@@ -164,6 +190,7 @@ def test(pytest_args: list[str]) -> int:
     pg_admin = os.environ.get("CONVGATE_TEST_PG") or ensure_postgres()
     ensure_chromium()
     build_fixtures()
+    _check(PYTHON, ROOT / "scripts" / "build_kube.py")  # cached by version; cold ~15 min on 2 cores
     env = dict(os.environ, CONVGATE_FIXTURES=str(FIXTURES), CONVGATE_TEST_PG=pg_admin,
                CONVGATE_STRICT_SKIPS="1")
     return _run(PYTHON, "-m", "pytest", *pytest_args, env=env)

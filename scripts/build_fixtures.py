@@ -181,6 +181,7 @@ def build_tiny_llama(cache: Path) -> None:
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
         tokenizer = AutoTokenizer.from_pretrained(str(tree / "models"), gguf_file="ggml-vocab-llama-spm.gguf")
+        tokenizer.eos_token = "</s>"  # the rebuild names <s> as EOS; llama's SentencePiece vocabulary ends with </s>
         tokenizer.save_pretrained(tmp)
         (tmp / "tokenizer.model").unlink(missing_ok=True)  # not a valid SentencePiece model when rebuilt
         torch.manual_seed(0)
@@ -190,6 +191,7 @@ def build_tiny_llama(cache: Path) -> None:
 
     source = produce(out / "source", make_source)
     convert(tree, source, "f32", out / "tiny-llama-F32.gguf")
+    convert(tree, source, "f16", out / "tiny-llama-F16.gguf")
     for qtype in ("Q8_0", "Q4_K_M"):
         quantize(out / "tiny-llama-F32.gguf", qtype, out / f"tiny-llama-{qtype}.gguf")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-POLICY_KEYS = ("min_cosine", "token_ids_exact", "require_top1_equal", "reproduce_quantized", "tie_ulps",
-               "max_logits_nmse", "max_kl_mean", "max_kl_p99", "min_top1_agreement")
+POLICY_KEYS = ("token_ids_exact", "require_top1_equal", "reproduce_quantized", "tie_ulps")
 
 
 def _gate_lines(report: dict[str, Any]) -> list[str]:
@@ -40,7 +39,11 @@ def model_card(report: dict[str, Any]) -> list[str]:
              f"(sha256 `{report['policy']['sha256']}`).", "", "Files:", "",
              "| file | sha256 | bytes |", "|---|---|---|"]
     lines += [f"| {f['uri']} | `{f['sha256']}` | {f['size']} |" for f in report["files"]]
-    lines += ["", "Thresholds: " + ", ".join(f"{k}={values[k]}" for k in POLICY_KEYS if k in values), "",
+    runtime = report["gates"].get("runtime", {}).get("details", {})
+    applied = runtime.get("thresholds") or {}
+    precision = f" (gate 2 for precision class {runtime['precision_class']}: " + ", ".join(
+        f"{k}={v:g}" for k, v in applied.items()) + ")" if applied else ""
+    lines += ["", "Thresholds: " + ", ".join(f"{k}={values[k]}" for k in POLICY_KEYS if k in values) + precision, "",
               "Results:", "", *(_results(report) or ["- (no gate results)"]), "", "Not verified:", ""]
     lines += [f"- {item}" for item in report["not_verified"]]
     return lines

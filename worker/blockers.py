@@ -60,6 +60,8 @@ BLOCKER_CODES: dict[str, str] = {
     "metadata.missing": "a required GGUF metadata key is absent",
     "metadata.unsupported_architecture": "the GGUF architecture has no name map in this verifier",
     "metadata.pooling_mismatch": "the GGUF pooling type differs from the source model's pooling",
+    "metadata.unexpected_key": "a GGUF key llama.cpp may read is present, but nothing in the source says it should be",
+    "tokenizer.flag_mismatch": "add_bos/add_eos/add_sep (or the token they add) disagree with the HF template",
     # --- gate 2: runtime parity ---
     "tokenizer.ids_mismatch": "no (add_special, parse_special) combination gives HF's token ids on every text",
     "tokenizer.add_bos_mismatch": "llama.cpp's automatic leading token differs from the HF post-processor",
@@ -104,6 +106,7 @@ class Blocker(BaseModel):
     why: str
     tensor: str | None = None
     text: str | None = None
+    key: str | None = None
 
     @field_validator("code")
     @classmethod

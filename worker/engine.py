@@ -129,7 +129,9 @@ def verify(
         run.stop_all(source, "the source model was refused")
         return run.report(policy)
     if 1 in request.gates:
-        run.record(*run_storage_gate(artifact, layout, source, policy, progress))
+        storage, blockers = run_storage_gate(artifact, layout, source, policy, progress)
+        run.record(storage, blockers)
+        run.not_verified.extend(storage.details.get("metadata_not_verified", []))
     measured: RuntimeMeasurements | None = None
     if 2 in request.gates:
         result, blockers, measured = run_runtime_gate(artifact, layout, source, policy, request.texts,

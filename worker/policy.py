@@ -1,7 +1,9 @@
 """The one policy object: every threshold a verdict depends on, fixed before measuring.
 
 A policy is frozen, versioned and hashed; the hash goes into every report so an auditor can tell
-exactly which thresholds a verdict was held to.
+exactly which thresholds a verdict was held to. Gate 2's thresholds are keyed by the artifact's
+precision class: an F16 file is held to F16's honest distance, not to what a 4-bit file may drift.
+The default numbers, the measurements behind them and their margins live in `worker/thresholds.py`.
 """
 
 from __future__ import annotations
@@ -10,17 +12,19 @@ import hashlib
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker.errors import UsageError
+from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
+from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS, RuntimeThresholds
 
 
 class Policy(BaseModel):
-    """Verification thresholds. Defaults: token ids exact, min cosine 0.99, every top-1 equal."""
+    """Verification thresholds. Defaults: token ids exact, every top-1 equal, gate 2 per precision class."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: str = "2026.11-1"
+    version: str = "2026.11-2"
     # gate 1
     reproduce_quantized: bool = Field(
         True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
@@ -31,17 +35,24 @@ class Policy(BaseModel):
     )
     # gate 2: tokenizer and embeddings
     token_ids_exact: bool = True
-    min_cosine: float = Field(0.99, ge=-1, le=1)
     require_top1_equal: bool = True
     contradiction_high_cosine: float = Field(0.999, description="ids differ yet cosine >= this: contradiction")
     contradiction_low_cosine: float = Field(0.9, description="ids equal yet cosine < this: contradiction")
     max_context_tokens: int = Field(2048, ge=16, description="cap on the context the runtime gates use")
-    # gate 2: causal LMs
-    max_logits_nmse: float = Field(0.05, ge=0)
-    max_kl_mean: float = Field(0.05, ge=0)
-    max_kl_p99: float = Field(0.5, ge=0)
-    min_top1_agreement: float = Field(0.9, ge=0, le=1)
     max_logit_positions: int = Field(256, ge=1, description="positions per text compared for logits")
+    # gate 2: thresholds per precision class of the artifact (see worker/thresholds.py)
+    runtime: dict[PrecisionClass, RuntimeThresholds] = Field(default_factory=lambda: dict(DEFAULT_RUNTIME_THRESHOLDS))
+
+    @field_validator("runtime")
+    @classmethod
+    def _every_class(cls, value: dict[PrecisionClass, RuntimeThresholds]) -> dict[PrecisionClass, RuntimeThresholds]:
+        missing = [name for name in PRECISION_CLASSES if name not in value]
+        if missing:
+            raise ValueError(f"runtime thresholds missing for precision classes {missing}")
+        return {name: value[name] for name in PRECISION_CLASSES}
+
+    def thresholds(self, precision: PrecisionClass) -> RuntimeThresholds:
+        return self.runtime[precision]
 
     def sha256(self) -> str:
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

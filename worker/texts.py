@@ -22,6 +22,9 @@ class Text:
 DEFAULT_TEXTS: tuple[Text, ...] = (
     Text("english", "The quick brown fox jumps over the lazy dog."),
     Text("english-question", "How do I verify that a converted model matches the original weights?"),
+    # digit runs, contractions, whitespace runs and punctuation: where pre-tokenizers (tokenizer.ggml.pre) differ
+    Text("pretokenizer-probe", "Numbers 7 42 365 2026 3.14159 and 1,000,000; I've, you're, they'll, WE'D.\t"
+                               "Tabs  and   spaces,\n\nnewlines -- ok?!"),
     Text("korean", "안녕하세요, 오늘 날씨가 정말 좋네요."),
     Text("japanese", "東京は日本の首都です。今日はいい天気ですね。"),
     Text("accented-nfc", unicodedata.normalize("NFC", ACCENTED)),

@@ -48,7 +48,7 @@ def complete(api, verification_id: str, verdict: str = "GO", sha: str = SHA) -> 
     report = {"verdict": verdict, "blockers": [] if verdict == "GO" else [{"code": "tensor.value_mismatch",
               "gate": "storage", "why": "<script>alert(1)</script>", "tensor": "t", "text": None}],
               "gates": {"storage": {"name": "storage", "status": "passed", "seconds": 2.0, "details": {}}},
-              "policy": {"values": {"version": "v", "min_cosine": 0.99}, "sha256": "p" * 64},
+              "policy": {"values": {"version": "v", "tie_ulps": 4}, "sha256": "p" * 64},
               "artifact": {"uri": "file:///models/m.gguf", "sha256": sha, "size": 1},
               "files": [{"uri": "file:///models/m.gguf", "sha256": sha, "size": 1}],
               "not_verified": ["retrieval quality"], "environment": {}, "timings": {}}
@@ -105,19 +105,19 @@ def test_submitters_see_only_their_own(api):
 
 
 def test_submission_returns_202_location_and_fixes_the_policy(api):
-    response = submit(api, policy={"min_cosine": 0.995})
+    response = submit(api, policy={"tie_ulps": 2})
     assert response.status_code == 202
     created = response.json()
     assert response.headers["location"] == f"/v1/verifications/{created['id']}"
     assert created["state"] == "queued"
     from worker.policy import Policy
 
-    assert created["policy_sha256"] == Policy(min_cosine=0.995).sha256() != Policy().sha256()
+    assert created["policy_sha256"] == Policy(tie_ulps=2).sha256() != Policy().sha256()
 
 
 @pytest.mark.parametrize(
     ("overrides", "status"),
-    [({"artifact_sha256": "xyz"}, 422), ({"policy": "nonexistent"}, 422), ({"policy": {"min_cosine": 3}}, 422),
+    [({"artifact_sha256": "xyz"}, 422), ({"policy": "nonexistent"}, 422), ({"policy": {"tie_ulps": 300}}, 422),
      ({"artifact_uri": "ftp://h/x"}, 422), ({"source_uri": "https://example.com/model"}, 422),
      ({"artifact_uri": "hf://org/m@main/x.gguf"}, 422), ({"gates": [4]}, 422), ({"extra": 1}, 422)],
 )
@@ -145,7 +145,7 @@ def test_report_by_accept_header_with_model_card(api):
     markdown = api.get(f"/v1/verifications/{created}/report", headers=headers | {"Accept": "text/markdown"})
     assert markdown.headers["content-type"].startswith("text/markdown")
     assert "## Verification (model card section)" in markdown.text and SHA in markdown.text
-    assert "min_cosine=0.99" in markdown.text and "retrieval quality" in markdown.text
+    assert "tie_ulps=4" in markdown.text and "retrieval quality" in markdown.text
     page = api.get(f"/v1/verifications/{created}/report", headers=headers | {"Accept": "text/html"})
     assert page.text.startswith("<!doctype html>") and SHA in page.text
     assert "<table>" in page.text and "<h2>Verification (model card section)</h2>" in page.text

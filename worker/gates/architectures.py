@@ -15,6 +15,9 @@ from typing import Any, ClassVar
 import gguf
 import numpy as np
 
+from worker.gates.expectation import Expectation
+from worker.gates.hyperparameters import common_hyperparameters
+
 
 @dataclass(frozen=True, slots=True)
 class RowTransform:
@@ -22,16 +25,6 @@ class RowTransform:
 
     name: str
     order: np.ndarray
-
-
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    """A GGUF metadata key and the value config.json (or the source) says it must hold."""
-
-    key: str
-    expected: Any
-    origin: str
-    is_float: bool = False
 
 
 def head_permutation(rows: int, n_head: int) -> np.ndarray:
@@ -46,7 +39,7 @@ class Architecture:
     model_arch: ClassVar[gguf.MODEL_ARCH]
     arch: ClassVar[str]
     omitted_patterns: ClassVar[tuple[tuple[str, str], ...]] = ()
-    config_keys: ClassVar[tuple[tuple[str, str, bool], ...]] = ()
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, arch: str, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -77,11 +70,12 @@ class Architecture:
         return None
 
     def expectations(self) -> list[Expectation]:
-        out = []
-        for key, config_key, is_float in self.config_keys:
-            if config_key in self.config:
-                out.append(Expectation(f"{self.arch}.{key}", self.config[config_key], f"config.{config_key}", is_float))
-        return out
+        """Every architecture key llama.cpp reads that config.json determines."""
+        out = [Expectation("general.architecture", self.arch, f"config.architectures {self.hf_architectures}")]
+        if not set(self.config.get("architectures") or ()) & set(self.hf_architectures):
+            out[0] = Expectation("general.architecture", f"one of {self.hf_architectures}",
+                                 f"config.architectures {self.config.get('architectures')}")
+        return out + common_hyperparameters(self.arch, self.config)
 
 
 class Bert(Architecture, arch="bert"):
@@ -91,14 +85,11 @@ class Bert(Architecture, arch="bert"):
         (r"(bert\.)?pooler\.dense\.(weight|bias)", "pooler head is unused for embeddings (llama.cpp drops it)"),
         (r"cls\.(predictions|seq_relationship)\..*", "masked-LM / NSP heads are unused for embeddings"),
     )
-    config_keys = (
-        ("block_count", "num_hidden_layers", False),
-        ("embedding_length", "hidden_size", False),
-        ("feed_forward_length", "intermediate_size", False),
-        ("attention.head_count", "num_attention_heads", False),
-        ("context_length", "max_position_embeddings", False),
-        ("attention.layer_norm_epsilon", "layer_norm_eps", True),
-    )
+    hf_architectures = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+
+    def expectations(self) -> list[Expectation]:
+        return [*super().expectations(),
+                Expectation("bert.attention.causal", False, "BERT encoders attend both ways", default=True)]
 
     def canonical_source_name(self, name: str) -> str:
         name = name.removeprefix("bert.")
@@ -112,16 +103,18 @@ class Bert(Architecture, arch="bert"):
 class Llama(Architecture, arch="llama"):
     model_arch = gguf.MODEL_ARCH.LLAMA
     omitted_patterns = ((r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", "rotary buffer, recomputed"),)
-    config_keys = (
-        ("block_count", "num_hidden_layers", False),
-        ("embedding_length", "hidden_size", False),
-        ("feed_forward_length", "intermediate_size", False),
-        ("attention.head_count", "num_attention_heads", False),
-        ("attention.head_count_kv", "num_key_value_heads", False),
-        ("context_length", "max_position_embeddings", False),
-        ("attention.layer_norm_rms_epsilon", "rms_norm_eps", True),
-        ("rope.freq_base", "rope_theta", True),
-    )
+    hf_architectures = ("LlamaForCausalLM", "LlamaModel")
+
+    def expectations(self) -> list[Expectation]:
+        out = super().expectations()
+        heads = int(self.config["num_attention_heads"])
+        rope_dim = int(self.config.get("head_dim") or int(self.config["hidden_size"]) // heads)
+        out.append(Expectation("llama.rope.dimension_count", rope_dim, "config.head_dim (or hidden_size / heads)",
+                               default=int(self.config["hidden_size"]) // heads))
+        if "vocab_size" in self.config:
+            out.append(Expectation("llama.vocab_size", int(self.config["vocab_size"]), "config.vocab_size",
+                                   optional=True))
+        return out
 
     def omission_reason(self, source_name: str) -> str | None:
         if source_name == "lm_head.weight" and self.config.get("tie_word_embeddings"):
@@ -142,6 +135,10 @@ class Qwen2(Llama, arch="qwen2"):
     """Qwen2 keeps HF's rotary layout: no Q/K permutation."""
 
     model_arch = gguf.MODEL_ARCH.QWEN2
+    hf_architectures = ("Qwen2ForCausalLM", "Qwen2Model")
+
+    def expectations(self) -> list[Expectation]:
+        return Architecture.expectations(self)
 
     def transform(self, gguf_name: str, rows: int) -> RowTransform | None:
         return None
@@ -149,6 +146,7 @@ class Qwen2(Llama, arch="qwen2"):
 
 class Qwen3(Qwen2, arch="qwen3"):
     model_arch = gguf.MODEL_ARCH.QWEN3
+    hf_architectures = ("Qwen3ForCausalLM", "Qwen3Model")
 
 
 def architecture_for(arch: str, config: Mapping[str, Any]) -> Architecture | None:

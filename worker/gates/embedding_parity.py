@@ -17,6 +17,7 @@ from worker.blockers import Blocker
 from worker.policy import Policy
 from worker.runtime.sentence_config import SentenceConfig
 from worker.texts import RETRIEVAL, RetrievalSet, Text
+from worker.thresholds import RuntimeThresholds
 
 Embed = Callable[[str], np.ndarray]
 
@@ -94,6 +95,7 @@ def check_embeddings(
     sentence: SentenceConfig,
     ids_equal: dict[str, bool],
     policy: Policy,
+    thresholds: RuntimeThresholds,
 ) -> EmbeddingResult:
     result = EmbeddingResult()
 
@@ -108,16 +110,16 @@ def check_embeddings(
         row: dict[str, Any] = {"label": text.label, "ids_equal": ids_equal.get(text.label, True),
                **compare_vectors(reference(text.text), cand, sentence.normalize)}
         result.per_text.append(row)
-        if not row["cosine"] >= policy.min_cosine:
+        if not row["cosine"] >= thresholds.min_cosine:
             block("embedding.cosine_below_threshold",
-                  f"{text.label!r}: cosine {row['cosine']:.6f} < {policy.min_cosine}", text.text)
+                  f"{text.label!r}: cosine {row['cosine']:.6f} < {thresholds.min_cosine}", text.text)
         if not row["ids_equal"] and row["cosine"] >= policy.contradiction_high_cosine:
             block("measurement.contradiction", f"{text.label!r}: token ids differ yet cosine is "
                   f"{row['cosine']:.6f}: one of the two measurements is wrong", text.text)
         if row["ids_equal"] and row["cosine"] < policy.contradiction_low_cosine:
             block("measurement.contradiction", f"{text.label!r}: token ids are equal yet cosine is "
                   f"{row['cosine']:.4f}: check pooling and normalisation before trusting either", text.text)
-    result.diagnosis = _diagnose(result.per_text, policy.min_cosine)
+    result.diagnosis = _diagnose(result.per_text, thresholds.min_cosine)
     ref_top1 = retrieval_top1(reference, sentence.prompts)
     cand_top1 = retrieval_top1(candidate, sentence.prompts)
     agree = sum(a == b for a, b in zip(ref_top1, cand_top1, strict=True))

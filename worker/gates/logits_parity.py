@@ -16,6 +16,7 @@ import numpy as np
 from worker.blockers import Blocker
 from worker.policy import Policy
 from worker.texts import Text
+from worker.thresholds import RuntimeThresholds
 
 Logits = Callable[[list[int]], np.ndarray]
 
@@ -47,7 +48,7 @@ class LogitsResult:
 
 def check_logits(
     texts: tuple[Text, ...], tokenize: Callable[[str], list[int]], reference: Logits, candidate: Logits,
-    policy: Policy,
+    policy: Policy, thresholds: RuntimeThresholds,
 ) -> LogitsResult:
     result = LogitsResult()
     kls: list[float] = []
@@ -78,10 +79,10 @@ def check_logits(
         "top1_agreement": top1_equal / positions, "positions": positions,
     }
     limits = (
-        ("logits.nmse_above_threshold", "nmse", policy.max_logits_nmse, "max"),
-        ("logits.kl_above_threshold", "kl_mean", policy.max_kl_mean, "max"),
-        ("logits.kl_above_threshold", "kl_p99", policy.max_kl_p99, "max"),
-        ("logits.top1_below_threshold", "top1_agreement", policy.min_top1_agreement, "min"),
+        ("logits.nmse_above_threshold", "nmse", thresholds.max_logits_nmse, "max"),
+        ("logits.kl_above_threshold", "kl_mean", thresholds.max_kl_mean, "max"),
+        ("logits.kl_above_threshold", "kl_p99", thresholds.max_kl_p99, "max"),
+        ("logits.top1_below_threshold", "top1_agreement", thresholds.min_top1_agreement, "min"),
     )
     for code, key, threshold, bound in limits:
         value = result.summary[key]

@@ -1,12 +1,16 @@
-"""Gate 1 metadata: GGUF architecture keys against config.json and against the tensors present.
+"""Gate 1 metadata: every GGUF key accounted for, against config.json, the tokenizer files and the tensors.
 
-Floats are compared at float32 (the precision GGUF stores); a key the source says must exist but
-the GGUF lacks is `metadata.missing`. Pooling is read from the sentence-transformers config.
+Derived keys are compared (floats at float32, the precision GGUF stores; arrays element by
+element, reporting where they first differ). An absent key passes only when llama.cpp's default
+for it equals the source's value. The add_* flags are judged by meaning. Keys the source cannot
+determine are named under not_verified; any other key is `metadata.unexpected_key`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,9 +18,25 @@ import numpy as np
 from worker.blockers import Blocker
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
-from worker.gates.architectures import Architecture, Expectation
+from worker.gates.architectures import Architecture
+from worker.gates.expectation import NO_DEFAULT, Expectation
+from worker.gates.hyperparameters import underivable_rope_scaling
+from worker.gates.metadata_keys import disposition
+from worker.gates.tokenizer_metadata import TokenizerFiles, flag_findings, tokenizer_expectations
 from worker.report import MetadataCheck
 from worker.runtime.sentence_config import LLAMA_POOLING, sentence_config
+
+
+@dataclass
+class MetadataOutcome:
+    checks: list[MetadataCheck] = field(default_factory=list)
+    blockers: list[Blocker] = field(default_factory=list)
+    not_verified: list[str] = field(default_factory=list)
+    flags: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def compared(self) -> set[str]:
+        return {check.key for check in self.checks}
 
 
 def source_pooling(source: SourceModel) -> int | None:
@@ -25,7 +45,7 @@ def source_pooling(source: SourceModel) -> int | None:
     return LLAMA_POOLING[pooling] if pooling else None
 
 
-def _tensor_expectations(arch: Architecture, layout: GGUFLayout, source: SourceModel) -> list[Expectation]:
+def _tensor_expectations(arch: Architecture, layout: GGUFLayout) -> list[Expectation]:
     out = []
     blocks = {int(m[1]) for info in layout.tensors if (m := re.match(r"blk\.(\d+)\.", info.name))}
     if blocks:
@@ -35,47 +55,119 @@ def _tensor_expectations(arch: Architecture, layout: GGUFLayout, source: SourceM
         embd = names["token_embd.weight"]
         out.append(Expectation(f"{arch.arch}.embedding_length", embd.shape[0], "tensors (token_embd width)"))
         out.append(Expectation("tokenizer.ggml.tokens", embd.shape[1], "tensors (token_embd rows)"))
-    if "vocab_size" in source.config:
-        out.append(Expectation("tokenizer.ggml.tokens", source.config["vocab_size"], "config.vocab_size"))
     return out
 
 
-def _actual(layout: GGUFLayout, key: str) -> Any:
-    value = layout.metadata.get(key)
-    if key == "tokenizer.ggml.tokens" and value is not None:
-        return len(value)
+def _plain(value: Any) -> Any:
+    value = getattr(value, "values", value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, tuple):
+        return list(value)
     return value
 
 
-def _agrees(expected: Any, actual: Any, is_float: bool) -> bool:
-    if is_float:
-        return bool(np.float32(expected) == np.float32(actual))
-    return bool(expected == actual)
+def _summary(value: Any) -> Any:
+    """Arrays are reported by length and digest, not printed whole."""
+    if isinstance(value, list) and len(value) > 16:
+        digest = hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+        return f"{len(value)} items, sha256:{digest}"
+    return value
 
 
-def check_metadata(
-    arch: Architecture, layout: GGUFLayout, source: SourceModel
-) -> tuple[list[MetadataCheck], list[Blocker]]:
-    checks: list[MetadataCheck] = []
-    blockers: list[Blocker] = []
-    for exp in arch.expectations() + _tensor_expectations(arch, layout, source):
-        actual = _actual(layout, exp.key)
-        ok = actual is not None and _agrees(exp.expected, actual, exp.is_float)
-        checks.append(MetadataCheck(key=exp.key, expected=exp.expected, actual=actual, origin=exp.origin,
-                                    result="ok" if ok else "fail"))
-        if actual is None:
-            blockers.append(Blocker(code="metadata.missing", gate="storage", why=f"{exp.key} is absent"))
-        elif not ok:
-            blockers.append(Blocker(code="metadata.mismatch", gate="storage",
-                                    why=f"{exp.key} is {actual!r}, {exp.origin} says {exp.expected!r}"))
+def _differs_at(expected: list[Any], actual: list[Any]) -> str:
+    diffs = [i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b]
+    parts = [f"{len(diffs)} of {min(len(expected), len(actual))} entries differ"]
+    if len(expected) != len(actual):
+        parts.append(f"length {len(actual)}, expected {len(expected)}")
+    parts.extend(f"[{i}] is {actual[i]!r}, expected {expected[i]!r}" for i in diffs[:3])
+    return "; ".join(parts)
+
+
+def _compare(exp: Expectation, present: bool, actual: Any) -> tuple[bool, str]:
+    """(ok, why-not) for one expectation."""
+    if not present:
+        if exp.optional:
+            return True, ""
+        if exp.default is not NO_DEFAULT and _agrees(exp, exp.default):
+            return True, ""
+        return False, f"{exp.key} is absent; {exp.origin} says {_summary(exp.expected)!r}"
+    if isinstance(exp.expected, int) and not isinstance(exp.expected, bool) and isinstance(actual, list):
+        actual = len(actual)  # a count expectation against an array (token_embd rows vs tokens)
+    if _agrees(exp, actual):
+        return True, ""
+    if isinstance(exp.expected, list) and isinstance(actual, list):
+        return False, f"{exp.key} differs from {exp.origin}: {_differs_at(exp.expected, actual)}"
+    return False, f"{exp.key} is {_summary(actual)!r}, {exp.origin} says {_summary(exp.expected)!r}"
+
+
+def _agrees(exp: Expectation, actual: Any) -> bool:
+    if exp.is_float:
+        return isinstance(actual, int | float) and bool(np.float32(exp.expected) == np.float32(actual))
+    if isinstance(exp.expected, bool) or isinstance(actual, bool):
+        return type(exp.expected) is type(actual) and exp.expected == actual
+    return bool(exp.expected == actual)
+
+
+def _expectations(arch: Architecture, layout: GGUFLayout, source: SourceModel,
+                  tokenizer: TokenizerFiles | None) -> list[Expectation]:
+    out = arch.expectations() + _tensor_expectations(arch, layout)
+    if tokenizer is not None:
+        out += tokenizer_expectations(tokenizer)
     pooling = source_pooling(source)
     if pooling is not None:
-        key = f"{arch.arch}.pooling_type"
-        actual = layout.metadata.get(key)
-        ok = actual == pooling
-        checks.append(MetadataCheck(key=key, expected=pooling, actual=actual, origin="1_Pooling/config.json",
-                                    result="ok" if ok else "fail"))
+        out.append(Expectation(f"{arch.arch}.pooling_type", pooling, "1_Pooling/config.json"))
+    return out
+
+
+def _code(key: str, arch: Architecture) -> str:
+    return "metadata.pooling_mismatch" if key == f"{arch.arch}.pooling_type" else "metadata.mismatch"
+
+
+def check_metadata(arch: Architecture, layout: GGUFLayout, source: SourceModel) -> MetadataOutcome:
+    outcome = MetadataOutcome()
+    metadata = {key: _plain(value) for key, value in layout.metadata.items()}
+    tokenizer = TokenizerFiles.read(source)
+    for exp in _expectations(arch, layout, source, tokenizer):
+        present = exp.key in metadata
+        ok, why = _compare(exp, present, metadata.get(exp.key))
+        outcome.checks.append(MetadataCheck(key=exp.key, expected=_summary(exp.expected),
+                                            actual=_summary(metadata.get(exp.key)), origin=exp.origin,
+                                            result="ok" if ok else "fail"))
         if not ok:
-            blockers.append(Blocker(code="metadata.pooling_mismatch", gate="storage",
-                                    why=f"{key} is {actual!r}, the source pools with type {pooling}"))
-    return checks, blockers
+            code = "metadata.missing" if not present else _code(exp.key, arch)
+            outcome.blockers.append(Blocker(code=code, gate="storage", why=why, key=exp.key))
+    if tokenizer is not None:
+        findings, outcome.flags = flag_findings(tokenizer, metadata)
+        outcome.blockers.extend(Blocker(code="tokenizer.flag_mismatch", gate="storage", why=f.why, key=f.flag)
+                                for f in findings)
+    else:
+        outcome.not_verified.append("tokenizer keys: the source has no tokenizer.json")
+    _account_for_the_rest(arch, metadata, outcome)
+    return outcome
+
+
+def _account_for_the_rest(arch: Architecture, metadata: dict[str, Any], outcome: MetadataOutcome) -> None:
+    """Every key not compared is descriptive, named as not derivable, or a blocker."""
+    compared = outcome.compared
+    rope_kind = underivable_rope_scaling(arch.config)
+    descriptive = 0
+    for key, value in metadata.items():
+        if key in compared:
+            continue
+        reason = disposition(key)
+        if reason is None and rope_kind and key.startswith(f"{arch.arch}.rope.scaling."):
+            reason = f"rope scaling {rope_kind!r} is not derived by this verifier; gate 2 measures its effect"
+        if reason == "descriptive":
+            descriptive += 1
+        elif reason is not None:
+            if "judged by meaning" not in reason and "structural parser" not in reason:
+                outcome.not_verified.append(f"GGUF key {key}: {reason}")
+        else:
+            outcome.blockers.append(Blocker(
+                code="metadata.unexpected_key", gate="storage", key=key,
+                why=f"{key} = {_summary(value)!r} is present, but nothing in the source says it should be "
+                    "(llama.cpp may read it)"))
+    if descriptive:
+        outcome.not_verified.append(f"{descriptive} descriptive general.* keys (names, licence, datasets) "
+                                    "are not compared")

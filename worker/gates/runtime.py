@@ -21,11 +21,13 @@ from worker.gates.logits_parity import check_logits
 from worker.gates.tokenizer_parity import check_tokenizer
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
+from worker.quant.precision import precision_class, type_mix
 from worker.report import GateResult
 from worker.runtime.hf_reference import HFModel, HFTokenizer
 from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
 from worker.runtime.sentence_config import SentenceConfig, sentence_config
 from worker.texts import DEFAULT_TEXTS, Text, near_context_texts, uncovered_inputs
+from worker.thresholds import RuntimeThresholds
 
 ModelKind = Literal["embedding", "causal-lm"]
 
@@ -74,14 +76,14 @@ def text_set(user_texts: tuple[str, ...] | None, hf: HFTokenizer, candidate: Lla
 
 def _measure_embeddings(
     texts: tuple[Text, ...], hf: HFTokenizer, model: HFModel, candidate: LlamaCandidate, sentence: SentenceConfig,
-    ids_equal: dict[str, bool], policy: Policy, n_ctx: int,
+    ids_equal: dict[str, bool], policy: Policy, thresholds: RuntimeThresholds, n_ctx: int,
 ) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
     pooling = sentence.pooling or "mean"
 
     def reference(text: str):
         return model.embed(hf.encode(text, add_special=True, parse_special=False), pooling)
 
-    result = check_embeddings(texts, reference, candidate.embed, sentence, ids_equal, policy)
+    result = check_embeddings(texts, reference, candidate.embed, sentence, ids_equal, policy, thresholds)
     details = {"min_cosine": result.min_cosine, "per_text": result.per_text, "retrieval": result.retrieval,
                "diagnosis": result.diagnosis, "pooling": pooling, "normalize": sentence.normalize}
     measured = RuntimeMeasurements("embedding", n_ctx, retrieval_top1=tuple(result.retrieval["candidate_top1"]))
@@ -89,12 +91,13 @@ def _measure_embeddings(
 
 
 def _measure_logits(
-    texts: tuple[Text, ...], model: HFModel, candidate: LlamaCandidate, policy: Policy, n_ctx: int,
+    texts: tuple[Text, ...], model: HFModel, candidate: LlamaCandidate, policy: Policy,
+    thresholds: RuntimeThresholds, n_ctx: int,
 ) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
     def tokenize(text: str) -> list[int]:
         return candidate.tokenize(text, add_special=True, parse_special=False)
 
-    result = check_logits(texts, tokenize, model.logits, candidate.logits, policy)
+    result = check_logits(texts, tokenize, model.logits, candidate.logits, policy, thresholds)
     first = result.per_text[0] if result.per_text else None
     measured = RuntimeMeasurements(
         "causal-lm", n_ctx, logits_text=next((t.text for t in texts if first and t.label == first["label"]), None),
@@ -138,16 +141,19 @@ def run_runtime_gate(
                                  policy.token_ids_exact)
         progress("runtime", 1, 3)
         blockers = list(tokens.blockers)
+        precision = precision_class(layout)
+        thresholds = policy.thresholds(precision)
         details: dict[str, Any] = {
-            "kind": kind, "n_ctx": n_ctx, "texts": [t.label for t in texts], "skipped_texts": skipped,
+            "kind": kind, "n_ctx": n_ctx, "precision_class": precision, "type_mix": type_mix(layout),
+            "thresholds": thresholds.model_dump(), "texts": [t.label for t in texts], "skipped_texts": skipped,
             "not_covered": uncovered_inputs(texts), "tokenizer": tokens.details(),
         }
         model = HFModel(source.root, causal=kind == "causal-lm")
         if kind == "embedding":
             found, details["embeddings"], measured = _measure_embeddings(
-                texts, hf, model, candidate, sentence, tokens.default_ids_equal, policy, n_ctx)
+                texts, hf, model, candidate, sentence, tokens.default_ids_equal, policy, thresholds, n_ctx)
         else:
-            found, details["logits"], measured = _measure_logits(texts, model, candidate, policy, n_ctx)
+            found, details["logits"], measured = _measure_logits(texts, model, candidate, policy, thresholds, n_ctx)
         blockers.extend(found)
         progress("runtime", 3, 3)
     except ReferenceMissingError as exc:

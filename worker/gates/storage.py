@@ -63,8 +63,8 @@ def run_storage_gate(
         why = f"architecture {arch_name!r} has no name map (supported: bert, llama, qwen2, qwen3)"
         return _failed(started, [Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)])
     inventory = take_inventory(arch, layout, source)
-    metadata_checks, blockers = check_metadata(arch, layout, source)
-    blockers = list(inventory.blockers) + blockers
+    metadata = check_metadata(arch, layout, source)
+    blockers = list(inventory.blockers) + metadata.blockers
     rows: list[TensorRow] = []
     file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
     total = len(inventory.pairs)
@@ -92,7 +92,9 @@ def run_storage_gate(
         "tensor_count": len(layout.tensors),
         "check_kinds": _check_kinds(rows),
         "inventory": inventory.classification,
-        "metadata": [check.model_dump() for check in metadata_checks],
+        "metadata": [check.model_dump() for check in metadata.checks],
+        "tokenizer_flags": metadata.flags,
+        "metadata_not_verified": metadata.not_verified,
         "tensors": [row.model_dump() for row in rows],
     }
     status = "failed" if blockers else "passed"

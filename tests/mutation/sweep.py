@@ -1,0 +1,50 @@
+"""Run every twin of an honest fixture through the verifier and count what is caught."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.mutation import gguf_edit
+from tests.mutation.twins import Twin, caught, explain, metadata_twins, tensor_twins
+from worker.engine import VerifyRequest, verify
+from worker.fetch import ContentStore
+from worker.policy import Policy
+
+PROBE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "How do I verify that a converted model matches the original weights?",
+    "Numbers 7 42 365 2026 3.14159 and 1,000,000; I've, you're, they'll, we'd.",
+    "Tabs\tand  double  spaces,\nnewlines\n\nand ALL CAPS or MiXeD case!",
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    twin: Twin
+    caught: bool
+    verdict: str
+    explanation: str
+
+
+def run_twin(source: Path, twin: Twin, workdir: Path) -> Outcome:
+    path = gguf_edit.write(twin.gguf, workdir / "twin.gguf")
+    request = VerifyRequest(source_uri=str(source), artifact_uri=path.as_uri(), gates=twin.gates,
+                            texts=PROBE_TEXTS if 2 in twin.gates else None)
+    report = verify(request, Policy(), ContentStore(workdir / "cache"))
+    return Outcome(twin, caught(twin, report), report.verdict, explain(report))
+
+
+def sweep(source: Path, artifact: Path, workdir: Path, sample: int | None, seed: int = 0) -> list[Outcome]:
+    """All metadata twins; every tensor (sample=None) or `sample` tensors chosen with `seed`."""
+    honest = gguf_edit.read(artifact)
+    twins = [*metadata_twins(honest, seed), *tensor_twins(honest, sample, seed)]
+    return [run_twin(source, twin, workdir) for twin in twins]
+
+
+def tally(outcomes: list[Outcome]) -> dict[str, Counter[str]]:
+    counts: dict[str, Counter[str]] = {}
+    for outcome in outcomes:
+        counts.setdefault(outcome.twin.kind, Counter())["caught" if outcome.caught else "missed"] += 1
+    return counts

@@ -1,0 +1,42 @@
+"""The mutation sweep in the suite: sampled tensors (fixed seed), every metadata key, on small fixtures.
+
+`scripts/mutation_sweep.py` runs the full sweep (every tensor). Every twin must be NO-GO with a
+blocker naming what was changed; a miss is printed with the verdict's blockers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.mutation import gguf_edit
+from tests.mutation.sweep import sweep, tally
+
+pytestmark = pytest.mark.slow
+
+CASES = {
+    "qwen3-embedding-F32": ("tiny-qwen3", "tiny-qwen3-F32.gguf"),
+    "qwen3-embedding-Q8_0": ("tiny-qwen3", "tiny-qwen3-Q8_0.gguf"),
+    "llama-causal-F16": ("tiny-llama", "tiny-llama-F16.gguf"),
+    "llama-causal-Q4_K_M": ("tiny-llama", "tiny-llama-Q4_K_M.gguf"),
+    "bert-embedding-Q8_0": ("minilm", "minilm-Q8_0.gguf"),
+}
+
+
+def test_the_editor_round_trips_byte_for_byte(qwen3: Path, tmp_path: Path) -> None:
+    honest = qwen3 / "tiny-qwen3-Q8_0.gguf"
+    copy = gguf_edit.write(gguf_edit.read(honest), tmp_path / "copy.gguf")
+    assert copy.read_bytes() == honest.read_bytes()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_twin_is_caught_and_named(case: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    folder, name = CASES[case]
+    fixture = {"tiny-qwen3": "qwen3", "tiny-llama": "tiny_llama", "minilm": "minilm"}[folder]
+    root = request.getfixturevalue(fixture)
+    outcomes = sweep(root / "source", root / name, tmp_path, sample=4)
+    missed = [f"{o.twin.kind} {o.twin.describe}: {o.verdict} ({o.explanation})" for o in outcomes if not o.caught]
+    counts = tally(outcomes)
+    assert sum(c["caught"] for c in counts.values()) >= 20, counts
+    assert not missed, "\n".join(missed)

@@ -1,0 +1,292 @@
+"""What the GGUF `tokenizer.*` keys must hold, derived from the source's tokenizer files alone.
+
+Read independently of any converter: the vocabulary and added tokens of tokenizer.json (padded to
+config.vocab_size), the token kinds, BPE merges, special-token ids from tokenizer_config.json, the
+chat template as published, and the special-token flags from what the post-processor template
+adds. The flags are judged by meaning, not by name: the tokens a flag-reading runtime would add
+(`bos` before, `eos` or `sep` after) must be the tokens the Hugging Face template adds, whatever
+the llama.cpp build in use does with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from worker.formats.source import SourceModel
+from worker.gates.expectation import Expectation
+
+# gguf TokenType values (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+PHANTOM_SPACE = "\u2581"
+SPECIAL_KINDS = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "sep": "seperator_token_id",
+           "pad": "padding_token_id", "cls": "cls_token_id", "mask": "mask_token_id"}
+# Flags llama.cpp assumes when a key is absent, per tokenizer model (llama-vocab.cpp's defaults).
+RUNTIME_FLAG_DEFAULTS: dict[str, dict[str, bool]] = {
+    "llama": {"bos": True, "eos": False, "sep": False},
+    "bert": {"bos": True, "eos": False, "sep": True},
+    "t5": {"bos": False, "eos": True, "sep": False},
+    "gpt2": {"bos": False, "eos": False, "sep": False},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerFiles:
+    """The parsed tokenizer files of a source model."""
+
+    tokenizer: Mapping[str, Any]
+    config: Mapping[str, Any]
+    model_config: Mapping[str, Any]
+    chat_template: str | None
+
+    @classmethod
+    def read(cls, source: SourceModel) -> TokenizerFiles | None:
+        tokenizer = source.read_json("tokenizer.json")
+        if not isinstance(tokenizer, dict):
+            return None
+        config = source.read_json("tokenizer_config.json") or {}
+        template = config.get("chat_template")
+        jinja = source.root / "chat_template.jinja"
+        if template is None and jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        return cls(tokenizer, config, source.config, template if isinstance(template, str) else None)
+
+    @property
+    def model(self) -> Mapping[str, Any]:
+        return self.tokenizer.get("model") or {}
+
+    def token_id(self, content: str) -> int | None:
+        for added in self.tokenizer.get("added_tokens") or []:
+            if added.get("content") == content:
+                return int(added["id"])
+        vocab = self.model.get("vocab")
+        if isinstance(vocab, dict) and content in vocab:
+            return int(vocab[content])
+        return None
+
+
+def ggml_model(files: TokenizerFiles) -> str:
+    """llama.cpp's tokenizer model for a tokenizer.json model type."""
+    kind = files.model.get("type")
+    if kind == "WordPiece":
+        return "bert"
+    if kind == "Unigram":
+        return "t5"
+    if kind == "BPE" and files.model.get("byte_fallback"):
+        return "llama"  # SentencePiece-style BPE with <0xNN> byte tokens
+    return "gpt2"
+
+
+def _special_content(entry: Any) -> str | None:
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+        return str(entry["content"])
+    return None
+
+
+def special_ids(files: TokenizerFiles) -> dict[str, int]:
+    """Special-token ids by kind: tokenizer_config.json names them, config.json's *_token_id fills gaps;
+    a BERT-style tokenizer's CLS is its BOS and its SEP its EOS."""
+    ids: dict[str, int] = {}
+    for kind in SPECIAL_KINDS:
+        content = _special_content(files.config.get(f"{kind}_token"))
+        token = files.token_id(content) if content is not None else None
+        if token is None and isinstance(files.model_config.get(f"{kind}_token_id"), int):
+            token = int(files.model_config[f"{kind}_token_id"])
+        if token is not None:
+            ids[kind] = token
+    if kind_unk := _special_content(files.model.get("unk_token")):
+        ids.setdefault("unk", files.token_id(kind_unk) or -1)
+    if "cls" in ids:
+        ids.setdefault("bos", ids["cls"])
+    if "sep" in ids:
+        ids.setdefault("eos", ids["sep"])
+    return {kind: token for kind, token in ids.items() if token >= 0}
+
+
+def _looks_special(token: str) -> bool:
+    return (token.startswith("<|") and token.endswith("|>")) or (token.startswith("<") and token.endswith(">")
+                                                                   and token.isascii() and " " not in token)
+
+
+def vocabulary(files: TokenizerFiles, model: str) -> tuple[list[str], list[int]]:
+    """Token strings and kinds by id, padded with `[PADn]` (UNUSED) to config.vocab_size."""
+    by_id: dict[int, str] = {}
+    vocab = files.model.get("vocab")
+    if isinstance(vocab, dict):
+        by_id.update({int(i): str(t) for t, i in vocab.items()})
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+        by_id.update({i: str(entry[0]) for i, entry in enumerate(vocab)})
+    added = {int(a["id"]): a for a in files.tokenizer.get("added_tokens") or []}
+    by_id.update({i: str(a["content"]) for i, a in added.items()})
+    size = int(files.model_config.get("vocab_size") or (max(by_id) + 1 if by_id else 0))
+    unk = special_ids(files).get("unk")
+    tokens: list[str] = []
+    kinds: list[int] = []
+    for i in range(max(size, max(by_id, default=-1) + 1)):
+        token = by_id.get(i)
+        if token is None:
+            tokens.append(f"[PAD{i}]")
+            kinds.append(UNUSED)
+            continue
+        if i in added:
+            kind = CONTROL if added[i].get("special") or _looks_special(token) else USER_DEFINED
+        elif model == "llama" and i == unk:
+            kind = UNKNOWN
+        elif model == "llama" and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            kind = BYTE
+        else:
+            kind = NORMAL
+        if model == "bert" and kind != CONTROL:
+            token = token[2:] if token.startswith("##") else PHANTOM_SPACE + token
+        tokens.append(token)
+        kinds.append(kind)
+    return tokens, kinds
+
+
+def merges(files: TokenizerFiles) -> list[str] | None:
+    """BPE merges as GGUF stores them: 'left right', with spaces inside a part written as U+0120+256."""
+    raw = files.model.get("merges")
+    if not isinstance(raw, list) or not raw:
+        return None
+    if isinstance(raw[0], str):
+        return [str(m) for m in raw]
+    return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair) for pair in raw]
+
+
+def template_specials(files: TokenizerFiles) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Token ids the post-processor adds before and after a single sequence."""
+    from worker.gates.tokenizer_parity import template_facts
+
+    facts = template_facts(dict(files.tokenizer))
+    return facts.prefix, facts.suffix
+
+
+def lowercases(files: TokenizerFiles) -> bool:
+    def walk(node: Any) -> bool:
+        if not isinstance(node, dict):
+            return False
+        if node.get("type") == "Sequence":
+            return any(walk(inner) for inner in node.get("normalizers") or [])
+        return node.get("type") == "Lowercase" or (node.get("type") == "BertNormalizer" and bool(node.get("lowercase")))
+
+    return walk(files.tokenizer.get("normalizer"))
+
+
+def tokenizer_expectations(files: TokenizerFiles) -> list[Expectation]:
+    """Every tokenizer key a runtime reads that the files determine (flags are checked by meaning, below)."""
+    model = ggml_model(files)
+    tokens, kinds = vocabulary(files, model)
+    out = [
+        Expectation("tokenizer.ggml.model", model, "tokenizer.json model.type"),
+        Expectation("tokenizer.ggml.tokens", tokens, "tokenizer.json vocab + added_tokens, padded to vocab_size"),
+        Expectation("tokenizer.ggml.token_type", kinds, "tokenizer.json token kinds"),
+    ]
+    if model == "bert":
+        out.append(Expectation("tokenizer.ggml.token_type_count", int(files.model_config.get("type_vocab_size", 1)),
+                               "config.type_vocab_size"))
+    if model == "gpt2" and (pairs := merges(files)) is not None:
+        out.append(Expectation("tokenizer.ggml.merges", pairs, "tokenizer.json model.merges"))
+    for kind, token in special_ids(files).items():
+        out.append(Expectation(f"tokenizer.ggml.{ID_KEYS[kind]}", token, f"tokenizer_config.json {kind}_token",
+                               optional=True))
+    if lowercases(files):
+        out.append(Expectation("tokenizer.ggml.normalizer.lowercase", True, "tokenizer.json normalizer"))
+    if files.chat_template is not None:
+        out.append(Expectation("tokenizer.chat_template", files.chat_template, "tokenizer_config.json chat_template"))
+    return out
+
+
+def _special(processor: Mapping[str, Any], item: Mapping[str, Any]) -> tuple[int, ...]:
+    name = (item.get("SpecialToken") or {}).get("id")
+    entry = (processor.get("special_tokens") or {}).get(name) or {}
+    return tuple(int(i) for i in entry.get("ids", ()))
+
+
+def pair_middle(tokenizer: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """Special tokens the post-processor puts between sequence A and B of a pair (None: no pair template)."""
+    processor = tokenizer.get("post_processor") or {}
+    processors = processor.get("processors") if processor.get("type") == "Sequence" else [processor]
+    middle: tuple[int, ...] | None = None
+    for inner in processors or []:
+        kind = inner.get("type")
+        if kind == "BertProcessing":
+            found: tuple[int, ...] = (int(inner["sep"][1]),)
+        elif kind == "RobertaProcessing":
+            found = (int(inner["sep"][1]),) * 2
+        elif kind == "TemplateProcessing" and inner.get("pair"):
+            pair = inner["pair"]
+            ids = [i for i, item in enumerate(pair) if "Sequence" in item]
+            if len(ids) != 2:
+                continue
+            found = tuple(t for item in pair[ids[0] + 1:ids[1]] for t in _special(inner, item))
+        else:
+            continue
+        middle = (middle or ()) + found
+    return middle
+
+
+@dataclass(frozen=True, slots=True)
+class FlagFinding:
+    flag: str
+    why: str
+
+
+def expected_flags(prefix: tuple[int, ...], suffix: tuple[int, ...], middle: tuple[int, ...] | None,
+                   sep_id: int | None) -> dict[str, Any]:
+    """The flags (and the token each adds) that reproduce the HF templates in the format flag-reading runtimes
+    use: single = [BOS] A [EOS], pair = [BOS] A [EOS] [SEP] B [EOS]. SEP is None when the pair template is not
+    of that form (e.g. llama's `<s> A <s> B`, two sequences each with its BOS): only single sequences are
+    then judged."""
+    out: dict[str, Any] = {"bos": prefix[:1] or None, "eos": suffix[-1:] or None, "sep": ()}
+    if middle is None:
+        return out
+    eos = out["eos"] or ()
+    rest = middle[len(eos):] if middle[:len(eos)] == eos else None
+    if rest is None or (rest and (sep_id is None or rest != (sep_id,))):
+        out["sep"] = None
+    else:
+        out["sep"] = rest
+    return out
+
+
+def flag_findings(files: TokenizerFiles, metadata: Mapping[str, Any]) -> tuple[list[FlagFinding], dict[str, Any]]:
+    """Compare what add_bos/add_eos/add_sep make a flag-reading runtime add with the HF templates.
+
+    An absent key means the runtime's default for the tokenizer model (llama.cpp's, which other GGUF runtimes
+    copy). Judged whatever the llama.cpp build in use does: WordPiece there ignores the flags today."""
+    model = str(metadata.get("tokenizer.ggml.model", ggml_model(files)))
+    defaults = RUNTIME_FLAG_DEFAULTS.get(model, RUNTIME_FLAG_DEFAULTS["gpt2"])
+    prefix, suffix = template_specials(files)
+    middle = pair_middle(files.tokenizer)
+    wanted = expected_flags(prefix, suffix, middle, special_ids(files).get("sep"))
+    ids = {kind: metadata.get(f"tokenizer.ggml.{ID_KEYS[kind]}") for kind in ("bos", "eos", "sep")}
+    gguf = {kind: metadata.get(f"tokenizer.ggml.add_{kind}_token") for kind in ("bos", "eos", "sep")}
+    effective = {kind: bool(defaults[kind] if gguf[kind] is None else gguf[kind]) for kind in gguf}
+    findings = [FlagFinding(f"tokenizer.ggml.add_{kind}_token", f"add_{kind}_token is {value!r}, not a boolean")
+                for kind, value in gguf.items() if value is not None and not isinstance(value, bool)]
+    for kind in ("bos", "eos", "sep"):
+        tokens = wanted[kind]
+        if tokens is None and kind == "sep":
+            continue
+        origin = "the GGUF key" if gguf[kind] is not None else f"llama.cpp's default for a {model!r} vocabulary"
+        if effective[kind] != bool(tokens):
+            where = "pair template" if kind == "sep" else "template"
+            findings.append(FlagFinding(
+                f"tokenizer.ggml.add_{kind}_token",
+                f"add_{kind}_token is {effective[kind]} ({origin}) but the Hugging Face {where} "
+                f"{'adds ' + str(list(tokens)) if tokens else 'adds no ' + kind.upper()} "
+                f"(single: prefix {list(prefix)}, suffix {list(suffix)}; pair middle "
+                f"{list(middle) if middle is not None else None})"))
+        elif tokens and (len(tokens) != 1 or ids[kind] != tokens[0]):
+            findings.append(FlagFinding(
+                f"tokenizer.ggml.{ID_KEYS[kind]}",
+                f"add_{kind}_token adds token {ids[kind]}, the Hugging Face template adds {list(tokens)}"))
+    details = {"template": {"prefix": list(prefix), "suffix": list(suffix),
+                            "pair_middle": list(middle) if middle is not None else None},
+               "gguf_flags": gguf, "effective_flags": effective, "model": model,
+               "expected": {k: (list(v) if v is not None else None) for k, v in wanted.items()}}
+    return findings, details
