@@ -10,14 +10,15 @@ class could legitimately drift that far.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
 
-DISTANCE_MARGIN = 20.0  # NMSE and KL thresholds: 20x the worst honest value
-COSINE_DEFICIT_MARGIN = 3.0  # 1 - min_cosine: 3x the worst honest deficit
+DISTANCE_MARGIN = 10.0  # NMSE and KL thresholds: 10x the worst honest value
+COSINE_DEFICIT_MARGIN = 2.0  # 1 - min_cosine: 2x the worst honest deficit
 TOP1_SLACK = 0.05  # top-1 agreement: the worst honest value minus 5 points
 # Floors stop a class whose fixtures happen to agree exactly (F32 vs F32) from getting a zero threshold
 # that float summation order alone would break on another machine.
@@ -50,9 +51,44 @@ class Honest:
     top1: float | None = None
 
 
-# Measured with `python scripts/measure_thresholds.py` (llama-cpp-python 0.3.x, transformers 4.57, torch 2.13,
-# CPU, the README's English text set). Re-run it after upgrading either runtime.
-MEASURED: tuple[Honest, ...] = ()
+# Measured with `python scripts/measure_thresholds.py` (llama-cpp-python 0.3.36 built with portable AVX2 flags,
+# transformers 4.57, torch 2.13, CPU, examples/english.txt) on 2026-11-29. The class is the artifact's least
+# precise matrix type, so a K-quant whose rows are not multiples of 256 (MiniLM's 384, Qwen3 fixture's 64)
+# falls back to legacy types and lands in another class than its name says. Re-run after upgrading a runtime.
+# The tiny llama has random weights, so its logits are nearly uniform: its KL is far below a trained model's
+# and its top-1 agreement far worse. These defaults therefore err towards NO-GO for trained causal LMs;
+# measure an honest conversion of your own catalogue and configure a named policy from it.
+MEASURED: tuple[Honest, ...] = (
+    Honest('minilm-F32', 'float', min_cosine=0.9999987),
+    Honest('minilm-F16', 'float', min_cosine=0.9999986),
+    Honest('minilm-BF16', 'float', min_cosine=0.9999822),
+    Honest('minilm-Q8_0', '8bit', min_cosine=0.9993576),
+    Honest('minilm-Q6_K', '6bit', min_cosine=0.9986834),
+    Honest('minilm-Q5_0', '5bit', min_cosine=0.9899423),
+    Honest('minilm-Q5_K_M', '5bit', min_cosine=0.9921104),
+    Honest('minilm-Q4_0', '4bit', min_cosine=0.9481136),
+    Honest('minilm-Q4_K_M', '4bit', min_cosine=0.9904901),
+    Honest('minilm-Q3_K_M', '4bit', min_cosine=0.9658129),
+    Honest('minilm-Q2_K', 'lower', min_cosine=0.9337337),
+    Honest('tiny-qwen3-F32', 'float', min_cosine=0.9999999),
+    Honest('tiny-qwen3-F16', 'float', min_cosine=0.9999998),
+    Honest('tiny-qwen3-Q8_0', '8bit', min_cosine=0.999907),
+    Honest('tiny-qwen3-Q6_K', '8bit', min_cosine=0.999907),
+    Honest('tiny-qwen3-Q5_K_M', '5bit', min_cosine=0.9976034),
+    Honest('tiny-qwen3-Q4_K_M', '5bit', min_cosine=0.9971158),
+    Honest('tiny-qwen3-Q3_K_M', '4bit', min_cosine=0.9958133),
+    Honest('tiny-llama-F32', 'float', nmse=7.68e-08, kl_mean=3.92e-09, kl_p99=7.6e-09, top1=1),
+    Honest('tiny-llama-F16', 'float', nmse=4.84e-07, kl_mean=2.47e-08, kl_p99=3.26e-08, top1=0.981),
+    Honest('tiny-llama-BF16', 'float', nmse=2.92e-05, kl_mean=1.49e-06, kl_p99=1.86e-06, top1=0.981),
+    Honest('tiny-llama-Q8_0', '8bit', nmse=0.000294, kl_mean=1.5e-05, kl_p99=1.94e-05, top1=0.981),
+    Honest('tiny-llama-Q6_K', '6bit', nmse=0.00213, kl_mean=0.000109, kl_p99=0.000141, top1=1),
+    Honest('tiny-llama-Q5_0', '5bit', nmse=0.0093, kl_mean=0.000476, kl_p99=0.000699, top1=0.769),
+    Honest('tiny-llama-Q5_K_M', '5bit', nmse=0.00739, kl_mean=0.000378, kl_p99=0.000494, top1=0.75),
+    Honest('tiny-llama-Q4_0', '4bit', nmse=0.0335, kl_mean=0.00171, kl_p99=0.00253, top1=0.692),
+    Honest('tiny-llama-Q4_K_M', '4bit', nmse=0.0241, kl_mean=0.00123, kl_p99=0.00163, top1=0.615),
+    Honest('tiny-llama-Q3_K_M', 'lower', nmse=0.0444, kl_mean=0.00227, kl_p99=0.00326, top1=0.558),
+    Honest('tiny-llama-Q2_K', 'lower', nmse=0.225, kl_mean=0.0115, kl_p99=0.0181, top1=0.231),
+)
 
 
 def _worst(precision: PrecisionClass, field: str, lowest: bool) -> float:
@@ -62,19 +98,46 @@ def _worst(precision: PrecisionClass, field: str, lowest: bool) -> float:
     return min(values) if lowest else max(values)
 
 
+def _outward(value: float, up: bool) -> float:
+    """Two significant digits, rounded away from strictness (a threshold is never tighter than derived)."""
+    if value <= 0:
+        return 0.0
+    scale = 10 ** (math.floor(math.log10(value)) - 1)
+    return float(f"{(math.ceil if up else math.floor)(value / scale) * scale:.2g}")
+
+
 def derive(precision: PrecisionClass) -> RuntimeThresholds:
     """Thresholds for one class from `MEASURED` and the margins above."""
     def distance(field: str) -> float:
-        return max(_worst(precision, field, lowest=False) * DISTANCE_MARGIN, DISTANCE_FLOOR)
+        return _outward(max(_worst(precision, field, lowest=False) * DISTANCE_MARGIN, DISTANCE_FLOOR), up=True)
 
     deficit = max(1.0 - _worst(precision, "min_cosine", lowest=True), 0.0) * COSINE_DEFICIT_MARGIN
     return RuntimeThresholds(
-        min_cosine=1.0 - max(deficit, COSINE_DEFICIT_FLOOR),
+        min_cosine=round(1.0 - _outward(max(deficit, COSINE_DEFICIT_FLOOR), up=True), 12),
         max_logits_nmse=distance("nmse"), max_kl_mean=distance("kl_mean"), max_kl_p99=distance("kl_p99"),
-        min_top1_agreement=max(_worst(precision, "top1", lowest=True) - TOP1_SLACK, 0.0),
+        min_top1_agreement=round(_outward(max(_worst(precision, "top1", lowest=True) - TOP1_SLACK, 0.0), up=False),
+                                 12),
     )
 
 
-DEFAULT_RUNTIME_THRESHOLDS: dict[PrecisionClass, RuntimeThresholds] = {
-    name: derive(name) for name in PRECISION_CLASSES
-} if MEASURED else {}
+def _no_tighter_than(previous: RuntimeThresholds, current: RuntimeThresholds) -> RuntimeThresholds:
+    """A coarser class is never held tighter than a finer one (its fixtures may just have been lucky)."""
+    return RuntimeThresholds(
+        min_cosine=min(previous.min_cosine, current.min_cosine),
+        max_logits_nmse=max(previous.max_logits_nmse, current.max_logits_nmse),
+        max_kl_mean=max(previous.max_kl_mean, current.max_kl_mean),
+        max_kl_p99=max(previous.max_kl_p99, current.max_kl_p99),
+        min_top1_agreement=min(previous.min_top1_agreement, current.min_top1_agreement),
+    )
+
+
+def default_thresholds() -> dict[PrecisionClass, RuntimeThresholds]:
+    out: dict[PrecisionClass, RuntimeThresholds] = {}
+    previous: RuntimeThresholds | None = None
+    for name in PRECISION_CLASSES:
+        current = derive(name)
+        out[name] = previous = current if previous is None else _no_tighter_than(previous, current)
+    return out
+
+
+DEFAULT_RUNTIME_THRESHOLDS = default_thresholds()

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import codes, run_gates
 from tests.gguf_rewrite import rewrite
+from worker.policy import Policy
 from worker.texts import DEFAULT_TEXTS
 
 pytestmark = pytest.mark.slow
@@ -36,11 +37,17 @@ def test_minilm_all_gates_go_on_english(minilm, gguf_type):
     assert {"input kind: non-NFC input (every text was NFC)"} <= set(report.not_verified)
 
 
-def test_minilm_q4_0_cosine_below_threshold(minilm):
+def test_minilm_q4_0_is_judged_by_the_4bit_thresholds(minilm):
+    """Q4_0's honest cosine (~0.95) is within the 4-bit class; held to the 8-bit class it is NO-GO."""
     report = run_gates(minilm / "source", minilm / "minilm-Q4_0.gguf", {2}, texts=ENGLISH)
-    assert "embedding.cosine_below_threshold" in codes(report)
-    assert 0.9 < runtime(report)["embeddings"]["min_cosine"] < 0.99
-    assert "quantization error" in runtime(report)["embeddings"]["diagnosis"]
+    details = runtime(report)
+    assert details["precision_class"] == "4bit" and details["thresholds"]["min_cosine"] < 0.95
+    assert "embedding.cosine_below_threshold" not in codes(report)
+    assert 0.9 < details["embeddings"]["min_cosine"] < 0.99
+    strict = Policy(runtime={**Policy().runtime, "4bit": Policy().thresholds("8bit")})
+    held = run_gates(minilm / "source", minilm / "minilm-Q4_0.gguf", {2}, strict, texts=ENGLISH)
+    assert "embedding.cosine_below_threshold" in codes(held)
+    assert "quantization error" in runtime(held)["embeddings"]["diagnosis"]
 
 
 def test_minilm_default_texts_name_the_hangul_divergence(minilm):
@@ -87,8 +94,10 @@ def test_qwen3_twin_without_add_eos_is_no_go(qwen3, tmp_path):
     twin = rewrite(qwen3 / "tiny-qwen3-F32.gguf", tmp_path / "no-eos.gguf",
                    set_keys={"tokenizer.ggml.add_eos_token": False})
     report = run_gates(qwen3 / "source", twin, {1, 2, 3}, texts=ENGLISH)
-    assert "tokenizer.add_eos_mismatch" in codes(report)
-    assert report.gates["storage"].status == "passed"  # the weights are right; the runtime is not
+    assert "tokenizer.add_eos_mismatch" in codes(report)  # llama.cpp probed: it drops the EOS
+    flagged = [b for b in report.blockers if b.code == "tokenizer.flag_mismatch"]
+    assert [(b.gate, b.key) for b in flagged] == [("storage", "tokenizer.ggml.add_eos_token")]
+    assert not [b for b in report.blockers if b.gate == "storage" and b.code != "tokenizer.flag_mismatch"]
 
 
 def test_qwen3_twin_with_other_pooling_is_no_go(qwen3, tmp_path):

@@ -116,7 +116,8 @@ def check_embeddings(
         if not row["ids_equal"] and row["cosine"] >= policy.contradiction_high_cosine:
             block("measurement.contradiction", f"{text.label!r}: token ids differ yet cosine is "
                   f"{row['cosine']:.6f}: one of the two measurements is wrong", text.text)
-        if row["ids_equal"] and row["cosine"] < policy.contradiction_low_cosine:
+        # equal ids yet a cosine below what even this precision class allows: pooling or weights, not rounding
+        if row["ids_equal"] and row["cosine"] < min(policy.contradiction_low_cosine, thresholds.min_cosine):
             block("measurement.contradiction", f"{text.label!r}: token ids are equal yet cosine is "
                   f"{row['cosine']:.4f}: check pooling and normalisation before trusting either", text.text)
     result.diagnosis = _diagnose(result.per_text, thresholds.min_cosine)

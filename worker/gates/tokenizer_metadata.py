@@ -271,7 +271,7 @@ def flag_findings(files: TokenizerFiles, metadata: Mapping[str, Any]) -> tuple[l
     for kind in ("bos", "eos", "sep"):
         tokens = wanted[kind]
         if tokens is None and kind == "sep":
-            continue
+            tokens = ()  # a pair template the flags cannot express: a runtime must not invent a separator
         origin = "the GGUF key" if gguf[kind] is not None else f"llama.cpp's default for a {model!r} vocabulary"
         if effective[kind] != bool(tokens):
             where = "pair template" if kind == "sep" else "template"
