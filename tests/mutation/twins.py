@@ -17,14 +17,12 @@ from dataclasses import dataclass, replace
 
 from tests.mutation.gguf_edit import KV, GGUFFile, Tensor
 from worker.formats.ggml_types import GGML_TYPES, ValueType
-from worker.gates.metadata_keys import DESCRIPTIVE
+from worker.gates.metadata_keys import BEHAVIOURAL, DESCRIPTIVE, NOT_READ_FOR_MODEL
 from worker.report import Report
 
 # Keys whose value the converter stamps but no runtime computes with: changing them is not a defect.
 NOT_READ = ("general.file_type", "general.quantization_version")
-# Keys judged by behaviour in gate 2 (the twin must run gate 2 to be caught).
-BEHAVIOURAL = ("tokenizer.ggml.pre", "tokenizer.ggml.scores", "tokenizer.ggml.add_space_prefix",
-               "tokenizer.ggml.remove_extra_whitespaces", "tokenizer.ggml.precompiled_charsmap")
+# Keys judged by behaviour in gate 2 (BEHAVIOURAL): their twins run gate 2 to be caught.
 
 
 @dataclass(frozen=True)
@@ -72,8 +70,10 @@ def _wrong_array(kv: KV, rng: random.Random) -> list[object]:
 
 def metadata_twins(honest: GGUFFile, seed: int = 0) -> Iterator[Twin]:
     rng = random.Random(seed)
+    model = next((str(kv.value) for kv in honest.kvs if kv.key == "tokenizer.ggml.model"), "")
+    unread = (*NOT_READ, *NOT_READ_FOR_MODEL.get(model, ()), "general.alignment")
     for kv in honest.kvs:
-        if DESCRIPTIVE.fullmatch(kv.key) or kv.key in NOT_READ or kv.key == "general.alignment":
+        if DESCRIPTIVE.fullmatch(kv.key) or kv.key in unread:
             continue
         value = _wrong_array(kv, rng) if kv.vtype is ValueType.ARRAY else _wrong_scalar(kv)
         gates = frozenset({1, 2}) if kv.key in BEHAVIOURAL else frozenset({1})

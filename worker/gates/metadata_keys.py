@@ -34,6 +34,14 @@ NOT_DERIVED: dict[str, str] = {
     "tokenizer.ggml.remove_extra_whitespaces": "a SentencePiece option; gate 2 verifies it by behaviour",
     "tokenizer.ggml.precompiled_charsmap": "a SentencePiece normaliser blob; gate 2 verifies it by behaviour",
 }
+# llama.cpp reads the pre-tokenizer name only for BPE vocabularies (llama-vocab.cpp): for these tokenizer
+# models the key changes nothing a runtime computes.
+NOT_READ_FOR_MODEL: dict[str, tuple[str, ...]] = {
+    "bert": ("tokenizer.ggml.pre",), "llama": ("tokenizer.ggml.pre",), "t5": ("tokenizer.ggml.pre",),
+}
+# Keys verified only by behaviour (tokenizer parity in gate 2): named when token ids diverge.
+BEHAVIOURAL = ("tokenizer.ggml.pre", "tokenizer.ggml.scores", "tokenizer.ggml.add_space_prefix",
+               "tokenizer.ggml.remove_extra_whitespaces", "tokenizer.ggml.precompiled_charsmap")
 SAMPLING = re.compile(r"general\.sampling\.\w+")
 
 

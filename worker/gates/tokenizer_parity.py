@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker.blockers import Blocker
+from worker.gates.metadata_keys import BEHAVIOURAL
 from worker.texts import Text
 
 # (add_special, parse_special)
@@ -104,7 +105,8 @@ def _first_divergence(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def diagnose(mismatches: list[dict[str, Any]], texts: tuple[Text, ...], normalizer: list[str]) -> str | None:
+def diagnose(mismatches: list[dict[str, Any]], texts: tuple[Text, ...], normalizer: list[str],
+             suspects: tuple[str, ...] = ()) -> str | None:
     """Name the shape of the failure, not just the count."""
     if not mismatches:
         return None
@@ -117,7 +119,13 @@ def diagnose(mismatches: list[dict[str, Any]], texts: tuple[Text, ...], normaliz
     if not ascii_failing:
         return (f"ids diverge only on non-ASCII texts ({', '.join(sorted(failing))}): normalisation differs "
                 f"(HF normaliser: {', '.join(normalizer) or 'none'}; llama.cpp does not reproduce it)")
-    return "ids diverge on ASCII text too: vocabulary, merges or pre-tokenizer differ"
+    named = f"; gate 1 compares vocabulary and merges, the keys only behaviour verifies are {', '.join(suspects)}" \
+        if suspects else ""
+    return f"ids diverge on ASCII text too: vocabulary, merges or pre-tokenizer differ{named}"
+
+
+def _short(value: Any) -> Any:
+    return f"<{len(value)} values>" if hasattr(value, "__len__") and not isinstance(value, str) else value
 
 
 def _llama_adds(tokenize: Tokenize) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -178,7 +186,8 @@ def check_tokenizer(
         result.per_combination[_name(combination)] = matched
         if matched == len(texts):
             result.matching_combinations.append(_name(combination))
-    result.diagnosis = diagnose(result.mismatches, texts, result.normalizer)
+    suspects = tuple(f"{key}={_short(gguf_metadata[key])!r}" for key in BEHAVIOURAL if key in gguf_metadata)
+    result.diagnosis = diagnose(result.mismatches, texts, result.normalizer, suspects)
     if not result.matching_combinations and ids_exact:
         for mismatch in result.mismatches or [{"label": "all", "text": None}]:
             block("tokenizer.ids_mismatch",
