@@ -20,16 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.mutation.sweep import sweep, tally  # noqa: E402
-
-FIXTURES = {
-    "qwen3-embedding-F32": ("tiny-qwen3", "tiny-qwen3-F32.gguf"),
-    "qwen3-embedding-Q8_0": ("tiny-qwen3", "tiny-qwen3-Q8_0.gguf"),
-    "llama-causal-F16": ("tiny-llama", "tiny-llama-F16.gguf"),
-    "llama-causal-Q4_K_M": ("tiny-llama", "tiny-llama-Q4_K_M.gguf"),
-    "bert-embedding-F16": ("minilm", "minilm-F16.gguf"),
-    "bert-embedding-Q8_0": ("minilm", "minilm-Q8_0.gguf"),
-}
+from tests.mutation.sweep import FIXTURES, sweep, tally  # noqa: E402
 
 
 def main() -> int:

@@ -12,6 +12,15 @@ from worker.engine import VerifyRequest, verify
 from worker.fetch import ContentStore
 from worker.policy import Policy
 
+# The honest fixtures twinned: embedding and causal LM, float and quantized, three tokenizer families.
+FIXTURES = {
+    "qwen3-embedding-F32": ("tiny-qwen3", "tiny-qwen3-F32.gguf"),
+    "qwen3-embedding-Q8_0": ("tiny-qwen3", "tiny-qwen3-Q8_0.gguf"),
+    "llama-causal-F16": ("tiny-llama", "tiny-llama-F16.gguf"),
+    "llama-causal-Q4_K_M": ("tiny-llama", "tiny-llama-Q4_K_M.gguf"),
+    "bert-embedding-F16": ("minilm", "minilm-F16.gguf"),
+    "bert-embedding-Q8_0": ("minilm", "minilm-Q8_0.gguf"),
+}
 PROBE_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
     "How do I verify that a converted model matches the original weights?",

@@ -69,7 +69,7 @@ def test_signed_zero_and_nan_are_bits_not_values(tmp_path):
     row, blockers = run(tmp_path, x, "F32", stored.tobytes())
     assert row.signed_zero_flips == 1 and row.not_finite == 1 and row.mismatched == 2
     assert codes(blockers) == ["tensor.not_finite", "tensor.value_mismatch"]
-    assert "1 stored values are NaN/inf" in [b.why for b in blockers if b.code == "tensor.not_finite"][0]
+    assert "1 stored values are NaN/inf" in next(b.why for b in blockers if b.code == "tensor.not_finite")
 
 
 def test_half_types_must_be_our_own_cast(tmp_path):
