@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker.formats.ggml_types import ValueType
-from worker.formats.gguf_structure import GGUFArray, GGUFLayout
+from worker.formats.ggml_types import GGML_TYPES_BY_NAME, ValueType
+from worker.formats.gguf_structure import GGUFArray, GGUFLayout, TensorInfo
 from worker.formats.source import SourceModel
 from worker.gates.architectures import architecture_for
 from worker.gates.hyperparameters import common_hyperparameters, rope_parameters, underivable_rope_scaling
@@ -39,7 +40,7 @@ BPE_TOKENIZER = {
                        "special_tokens": {"<|end|>": {"id": "<|end|>", "ids": [4], "tokens": ["<|end|>"]}}},
 }
 HONEST_LLAMA = {
-    "general.architecture": "llama", "general.name": "tiny", "general.file_type": 1,
+    "general.architecture": "llama", "general.name": "tiny", "general.license": "mit", "general.file_type": 1,
     "llama.block_count": 2, "llama.context_length": 256, "llama.embedding_length": 64,
     "llama.feed_forward_length": 128, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
     "llama.attention.layer_norm_rms_epsilon": 9.999999747378752e-06, "llama.rope.freq_base": 10000.0,
@@ -83,7 +84,7 @@ def test_an_honest_file_passes_and_names_what_it_did_not_derive(tmp_path):
     assert all(check.result == "ok" for check in outcome.checks)
     assert any("tokenizer.ggml.pre" in line for line in outcome.not_verified)
     assert any("general.file_type" in line for line in outcome.not_verified)
-    assert "1 descriptive general.* keys (names, licence, datasets) are not compared" in outcome.not_verified
+    assert "2 descriptive general.* keys (names, licence, datasets) are not compared" in outcome.not_verified
     assert not any("add_eos_token" in line for line in outcome.not_verified)  # judged, not merely listed
 
 
@@ -258,3 +259,91 @@ def test_dispositions():
     assert disposition("tokenizer.ggml.add_bos_token") is not None
     assert disposition("general.tensor_extra.name") is None
     assert disposition("llama.block_count") is None
+
+
+def tensor(name: str, shape: tuple[int, ...]) -> TensorInfo:
+    return TensorInfo(name, shape, GGML_TYPES_BY_NAME["F32"], 0, 4)
+
+
+TENSORS = (tensor("token_embd.weight", (64, 6)), tensor("blk.0.attn_q.weight", (64, 64)),
+           tensor("blk.1.attn_q.weight", (64, 64)), tensor("output_norm.weight", (64,)))
+
+
+def run_with_tensors(tmp_path: Path, metadata: dict[str, Any], tensors=TENSORS) -> MetadataOutcome:
+    src = source(tmp_path, LLAMA_CONFIG, BPE_TOKENIZER)
+    arch = architecture_for("llama", src.config)
+    assert arch is not None
+    return check_metadata(arch, dataclasses.replace(layout(metadata), tensors=tensors), src)
+
+
+def test_every_check_is_reported_with_its_origin(tmp_path):
+    """The report's metadata table, whole: key, expected, actual, where the expectation came from."""
+    outcome = run_with_tensors(tmp_path, HONEST_LLAMA)
+    checks = [(c.key, c.expected, c.actual, c.origin, c.result) for c in outcome.checks]
+    assert checks == EXPECTED_CHECKS
+
+
+def test_the_tensors_present_must_agree_with_the_metadata(tmp_path):
+    three_blocks = (*TENSORS, tensor("blk.2.attn_q.weight", (64, 64)))
+    outcome = run_with_tensors(tmp_path, HONEST_LLAMA, three_blocks)
+    assert [(b.key, b.code) for b in outcome.blockers] == [("llama.block_count", "metadata.mismatch")]
+    assert "tensors (blk.N present) says 3" in outcome.blockers[0].why
+    wide = (tensor("token_embd.weight", (32, 6)), *TENSORS[1:])
+    assert [b.key for b in run_with_tensors(tmp_path, HONEST_LLAMA, wide).blockers] == ["llama.embedding_length"]
+    more_rows = (tensor("token_embd.weight", (64, 7)), *TENSORS[1:])
+    (blocker,) = run_with_tensors(tmp_path, HONEST_LLAMA, more_rows).blockers
+    assert blocker.key == "tokenizer.ggml.tokens" and "tensors (token_embd rows) says 7" in blocker.why
+
+
+def test_pooling_comes_from_the_sentence_transformers_config(tmp_path):
+    (tmp_path / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Pooling",
+                                                        "path": "1_Pooling"}]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    outcome = run(tmp_path, {**HONEST_LLAMA, "llama.pooling_type": 2})
+    assert outcome.blockers == [] and "llama.pooling_type" in outcome.compared
+    wrong = run(tmp_path, {**HONEST_LLAMA, "llama.pooling_type": 1})
+    assert [(b.key, b.code) for b in wrong.blockers] == [("llama.pooling_type", "metadata.pooling_mismatch")]
+    assert "1_Pooling/config.json says 2" in wrong.blockers[0].why
+    absent = run(tmp_path, HONEST_LLAMA)
+    assert [(b.key, b.code) for b in absent.blockers] == [("llama.pooling_type", "metadata.missing")]
+
+
+def test_long_arrays_are_summarised_short_ones_shown(tmp_path):
+    tokens = [f"t{i}" for i in range(20)]
+    config = {**LLAMA_CONFIG, "vocab_size": 20}
+    tokenizer = {**BPE_TOKENIZER, "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)}},
+                 "added_tokens": []}
+    meta = {**HONEST_LLAMA, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1] * 20,
+            "llama.vocab_size": 20}
+    meta.pop("tokenizer.ggml.merges")
+    outcome = run(tmp_path, meta, config=config, tokenizer=tokenizer)
+    by_key = {c.key: c for c in outcome.checks}
+    assert by_key["tokenizer.ggml.tokens"].expected.startswith("20 items, sha256:")
+    assert by_key["tokenizer.ggml.tokens"].expected == by_key["tokenizer.ggml.tokens"].actual
+    assert by_key["tokenizer.ggml.model"].expected == "gpt2"
+
+
+EXPECTED_CHECKS: list[tuple[str, Any, Any, str, str]] = [
+    ('general.architecture', 'llama', 'llama', "config.architectures ('LlamaForCausalLM', 'LlamaModel')", 'ok'),
+    ('llama.block_count', 2, 2, 'config.num_hidden_layers', 'ok'),
+    ('llama.context_length', 256, 256, 'config.max_position_embeddings', 'ok'),
+    ('llama.embedding_length', 64, 64, 'config.hidden_size', 'ok'),
+    ('llama.feed_forward_length', 128, 128, 'config.intermediate_size', 'ok'),
+    ('llama.attention.head_count', 4, 4, 'config.num_attention_heads', 'ok'),
+    ('llama.attention.head_count_kv', 2, 2, 'config.num_key_value_heads', 'ok'),
+    ('llama.attention.layer_norm_rms_epsilon', 1e-05, 9.999999747378752e-06, 'config.rms_norm_eps', 'ok'),
+    ('llama.rope.freq_base', 10000.0, 10000.0, 'config.rope_theta', 'ok'),
+    ('llama.rope.dimension_count', 16, 16, 'config.head_dim (or hidden_size / heads)', 'ok'),
+    ('llama.vocab_size', 6, 6, 'config.vocab_size', 'ok'),
+    ('llama.block_count', 2, 2, 'tensors (blk.N present)', 'ok'),
+    ('llama.embedding_length', 64, 64, 'tensors (token_embd width)', 'ok'),
+    ('tokenizer.ggml.tokens', 6, ['a', 'b', 'ab', 'c d', '<|end|>', 'hi'], 'tensors (token_embd rows)', 'ok'),
+    ('tokenizer.ggml.model', 'gpt2', 'gpt2', 'tokenizer.json model.type', 'ok'),
+    ('tokenizer.ggml.tokens', ['a', 'b', 'ab', 'c d', '<|end|>', 'hi'],
+     ['a', 'b', 'ab', 'c d', '<|end|>', 'hi'], 'tokenizer.json vocab + added_tokens, padded to vocab_size',
+     'ok'),
+    ('tokenizer.ggml.token_type', [1, 1, 1, 1, 3, 4], [1, 1, 1, 1, 3, 4], 'tokenizer.json token kinds', 'ok'),
+    ('tokenizer.ggml.merges', ['a b', 'c Ġd'], ['a b', 'c Ġd'], 'tokenizer.json model.merges', 'ok'),
+    ('tokenizer.ggml.eos_token_id', 4, 4, 'tokenizer_config.json eos_token', 'ok'),
+]

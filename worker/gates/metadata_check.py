@@ -84,21 +84,19 @@ def _differs_at(expected: list[Any], actual: list[Any]) -> str:
     return "; ".join(parts)
 
 
-def _compare(exp: Expectation, present: bool, actual: Any) -> tuple[bool, str]:
-    """(ok, why-not) for one expectation."""
+def _disagreement(exp: Expectation, present: bool, actual: Any) -> str | None:
+    """Why the GGUF disagrees with one expectation, or None when it agrees."""
     if not present:
-        if exp.optional:
-            return True, ""
-        if exp.default is not NO_DEFAULT and _agrees(exp, exp.default):
-            return True, ""
-        return False, f"{exp.key} is absent; {exp.origin} says {_summary(exp.expected)!r}"
+        if exp.optional or (exp.default is not NO_DEFAULT and _agrees(exp, exp.default)):
+            return None
+        return f"{exp.key} is absent; {exp.origin} says {_summary(exp.expected)!r}"
     if isinstance(exp.expected, int) and not isinstance(exp.expected, bool) and isinstance(actual, list):
         actual = len(actual)  # a count expectation against an array (token_embd rows vs tokens)
     if _agrees(exp, actual):
-        return True, ""
+        return None
     if isinstance(exp.expected, list) and isinstance(actual, list):
-        return False, f"{exp.key} differs from {exp.origin}: {_differs_at(exp.expected, actual)}"
-    return False, f"{exp.key} is {_summary(actual)!r}, {exp.origin} says {_summary(exp.expected)!r}"
+        return f"{exp.key} differs from {exp.origin}: {_differs_at(exp.expected, actual)}"
+    return f"{exp.key} is {_summary(actual)!r}, {exp.origin} says {_summary(exp.expected)!r}"
 
 
 def _agrees(exp: Expectation, actual: Any) -> bool:
@@ -130,11 +128,11 @@ def check_metadata(arch: Architecture, layout: GGUFLayout, source: SourceModel) 
     tokenizer = TokenizerFiles.read(source)
     for exp in _expectations(arch, layout, source, tokenizer):
         present = exp.key in metadata
-        ok, why = _compare(exp, present, metadata.get(exp.key))
+        why = _disagreement(exp, present, metadata.get(exp.key))
         outcome.checks.append(MetadataCheck(key=exp.key, expected=_summary(exp.expected),
                                             actual=_summary(metadata.get(exp.key)), origin=exp.origin,
-                                            result="ok" if ok else "fail"))
-        if not ok:
+                                            result="ok" if why is None else "fail"))
+        if why is not None:
             code = "metadata.missing" if not present else _code(exp.key, arch)
             outcome.blockers.append(Blocker(code=code, gate="storage", why=why, key=exp.key))
     if tokenizer is not None:
