@@ -43,6 +43,11 @@ class KubernetesSettings(BaseModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     state_source: Literal["poll"] = Field("poll", description="how Job and Workload state is read")
     in_cluster: bool = True
+    kubeconfig: Path | None = Field(None, description="when not in_cluster: this kubeconfig, else the default one")
+    create_pause_seconds: float = Field(
+        10.0, ge=0, description="after a Job create failed for good (e.g. Kueue down), claim nothing this long")
+    deleted_job_grace_seconds: float = Field(
+        30.0, ge=0, description="a dispatched verification whose Job never appeared is lost after this long")
 
 
 class Settings(BaseSettings):

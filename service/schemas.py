@@ -32,6 +32,7 @@ class VerificationOut(BaseModel):
     id: str
     state: str
     attempt: int
+    failed_attempts: int = 0
     max_attempts: int
     submitted_by: str
     source_uri: str
@@ -67,7 +68,9 @@ class QueueItem(BaseModel):
     id: str
     state: str
     attempt: int
+    failed_attempts: int = 0
     age_seconds: float
+    reason: str | None = None
     progress: dict[str, Any] | None
     worker: str | None
     cluster_status: str | None = None

@@ -94,7 +94,8 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
     base = f"/v1/verifications/{verification.id}"
     return VerificationOut(
         id=verification.id, state=verification.state, attempt=verification.attempt,
-        max_attempts=verification.max_attempts, submitted_by=verification.submitted_by,
+        failed_attempts=verification.failed_attempts or 0, max_attempts=verification.max_attempts,
+        submitted_by=verification.submitted_by,
         source_uri=verification.source_uri, artifact_uri=verification.artifact_uri,
         artifact_sha256=verification.artifact_sha256, policy_sha256=verification.policy_sha256,
         created_at=repository.as_utc(verification.created_at), started_at=repository.as_utc(verification.started_at),

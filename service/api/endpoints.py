@@ -113,8 +113,9 @@ def queue_snapshot(session: SessionDep, dispatcher: str) -> QueueOut:
 
     def item(v: Verification) -> QueueItem:
         age = (moment - repository.as_utc(v.created_at)).total_seconds()
-        return QueueItem(id=v.id, state=v.state, attempt=v.attempt, age_seconds=age, progress=v.progress,
-                         worker=v.worker, cluster_status=v.cluster_status, queue_position=v.queue_position)
+        return QueueItem(id=v.id, state=v.state, attempt=v.attempt, failed_attempts=v.failed_attempts or 0,
+                         age_seconds=age, progress=v.progress, worker=v.worker, reason=v.reason,
+                         cluster_status=v.cluster_status, queue_position=v.queue_position)
 
     oldest = repository.oldest_queued(session)
     return QueueOut(counts=repository.state_counts(session), oldest_waiting=item(oldest) if oldest else None,

@@ -53,9 +53,11 @@ def render_table(queue: QueueOut) -> str:
         rows.append(f"<tr><td>{item.id[:8]}</td><td class='{item.state}'>{item.state}</td><td>{item.attempt}</td>"
                     f"<td>{item.age_seconds:.0f}s</td><td>{bar if progress else ''}</td>"
                     f"<td>{html.escape(item.cluster_status or '')} {position}</td>"
-                    f"<td>{html.escape(item.worker or '')}</td></tr>")
+                    f"<td>{html.escape(item.worker or '')}</td><td>{item.failed_attempts}</td>"
+                    f"<td>{html.escape(item.reason or '')}</td></tr>")
     table = ("<table><tr><th>id</th><th>state</th><th>attempt</th><th>age</th><th>progress</th>"
-             "<th>cluster (Kueue)</th><th>worker</th></tr>" + "".join(rows) + "</table>")
+             "<th>cluster (Kueue)</th><th>worker</th><th>failed</th><th>last reason</th></tr>"
+             + "".join(rows) + "</table>")
     return (f"<div class='snapshot' data-rendered='{time.time_ns()}'><div class='counts'>{counts}</div>"
             f"<p>{html.escape(oldest)} · dispatcher {html.escape(queue.dispatcher)}</p>{table}</div>")
 

@@ -15,6 +15,9 @@ class WorkerExit:
     attempt: int  # the attempt this worker was launched for
     reason: str  # e.g. "exit code 1", "killed by signal 9", "Job failed: DeadlineExceeded"
     clean: bool  # exit code 0: the worker recorded its own outcome
+    # one launch may start several workers (a Job's pod preempted and started again): the exit is the
+    # current attempt's when the verification's worker name starts with this prefix
+    worker_prefix: str | None = None
 
 
 class Dispatcher(Protocol):

@@ -47,43 +47,61 @@ class DispatchLoop:
 
     def tick(self) -> None:
         """One pass; safe to call repeatedly (tests drive it directly)."""
+        # sync first: `reap()` and `active()` must describe the cluster as it is now. Taken before a
+        # restarted dispatcher's first sync, `active()` is empty and every Job waiting in Kueue longer
+        # than the lease would be ended as "heartbeat lost" and launched a second time; and a worker
+        # exit must be reaped (with its reason) before the lease check sees the attempt as stale.
+        with transaction(self.factory) as session:
+            self.dispatcher.sync(session)
+        self._reap()
+        with transaction(self.factory) as session:
+            self._reconcile(session, self.dispatcher.active())
+        self._launch()
+
+    def _reap(self) -> None:
         for worker_exit in self.dispatcher.reap():
             with transaction(self.factory) as session:
                 verification = repository.get_verification(session, worker_exit.verification_id)
-                if verification is not None and verification.state in (State.DISPATCHED, State.RUNNING):
-                    state = repository.end_attempt_without_verdict(
-                        session, verification.id, worker_exit.attempt,
-                        f"worker ended without a verdict ({worker_exit.reason})")
-                    log.warning("verification %s: worker %s -> %s", verification.id, worker_exit.reason, state)
-        active = self.dispatcher.active()
-        with transaction(self.factory) as session:
-            self.dispatcher.sync(session)
-            for verification in repository.active(session, limit=10_000):
-                if verification.id in active:
+                if verification is None or verification.state not in (State.DISPATCHED, State.RUNNING):
                     continue
-                lost = self.dispatcher.owns_dead(verification.worker)
-                if verification.state in (State.DISPATCHED, State.RUNNING) and lost:
-                    repository.end_attempt_without_verdict(session, verification.id, None,
-                                                           "its dispatcher restarted and the worker is gone")
-            for verification in repository.stale_attempts(session, timedelta(seconds=self.settings.lease_seconds)):
-                if verification.id not in active:
-                    repository.end_attempt_without_verdict(session, verification.id, None, "heartbeat lost")
-            for verification_id in active:
-                verification = repository.get_verification(session, verification_id)
-                if verification is not None and verification.state == State.CANCELLED:
-                    self.dispatcher.cancel(verification_id)
+                attempt: int | None = worker_exit.attempt
+                if (worker_exit.worker_prefix and verification.state == State.RUNNING
+                        and (verification.worker or "").startswith(worker_exit.worker_prefix)):
+                    attempt = verification.attempt  # the launch's worker, restarted after a preemption
+                state = repository.end_attempt_without_verdict(
+                    session, verification.id, attempt, f"worker ended without a verdict ({worker_exit.reason})")
+                log.warning("verification %s: worker %s -> %s", verification.id, worker_exit.reason, state)
+
+    def _reconcile(self, session: Session, active: set[str]) -> None:
+        for verification in repository.active(session, limit=10_000):
+            if verification.id in active:
+                continue
+            lost = self.dispatcher.owns_dead(verification.worker)
+            if verification.state in (State.DISPATCHED, State.RUNNING) and lost:
+                repository.end_attempt_without_verdict(session, verification.id, None,
+                                                       "its dispatcher restarted and the worker is gone")
+        for verification in repository.stale_attempts(session, timedelta(seconds=self.settings.lease_seconds)):
+            if verification.id not in active:
+                repository.end_attempt_without_verdict(session, verification.id, None, "heartbeat lost")
+        for verification_id in active:
+            current = repository.get_verification(session, verification_id)
+            if current is not None and current.state == State.CANCELLED:
+                self.dispatcher.cancel(verification_id)
+
+    def _launch(self) -> None:
         capacity = self.dispatcher.capacity()
-        if capacity:
-            with transaction(self.factory) as session:
-                claimed = [(v.id, v.attempt + 1) for v in
-                           repository.claim_queued(session, capacity, self.dispatcher.identity)]
-            for verification_id, attempt in claimed:
-                try:
-                    self.dispatcher.launch(verification_id, attempt)
-                except ConvgateError as exc:
-                    log.warning("could not start %s: %s", verification_id, exc)
-                    with transaction(self.factory) as session:
-                        repository.undispatch(session, verification_id, str(exc))
+        if not capacity:
+            return
+        with transaction(self.factory) as session:
+            claimed = [(v.id, v.attempt + 1) for v in
+                       repository.claim_queued(session, capacity, self.dispatcher.identity)]
+        for verification_id, attempt in claimed:
+            try:
+                self.dispatcher.launch(verification_id, attempt)
+            except ConvgateError as exc:
+                log.warning("could not start %s: %s", verification_id, exc)
+                with transaction(self.factory) as session:
+                    repository.undispatch(session, verification_id, str(exc), getattr(exc, "cluster_status", None))
 
     def _run(self) -> None:
         while not self._stop.is_set():

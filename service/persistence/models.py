@@ -48,12 +48,13 @@ class Verification(Base):
     policy: Mapped[dict[str, Any]] = mapped_column(JSON)
     policy_sha256: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16))
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # every worker start; fences writes
+    failed_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # what max_attempts limits
     max_attempts: Mapped[int] = mapped_column(Integer)
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     reason: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(200))
-    cluster_status: Mapped[str | None] = mapped_column(String(64))
+    cluster_status: Mapped[str | None] = mapped_column(Text)
     queue_position: Mapped[int | None] = mapped_column(Integer)
     verdict_result: Mapped[str | None] = mapped_column(String(8), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -184,7 +184,11 @@ def start_attempt(session: Session, verification_id: str, worker: str) -> Verifi
     if verification is None or verification.state not in (State.QUEUED, State.DISPATCHED, State.RUNNING):
         return None
     moment = now()
-    transition(session, verification, State.RUNNING, f"attempt {verification.attempt + 1} started by {worker}",
+    # a RUNNING verification is taken over from a worker that stopped without an outcome (its pod was
+    # preempted or evicted and started again): a new attempt number for fencing, not a failed attempt
+    replaces = f" (attempt {verification.attempt} was interrupted)" if verification.state == State.RUNNING else ""
+    transition(session, verification, State.RUNNING,
+               f"attempt {verification.attempt + 1} started by {worker}{replaces}",
                attempt=verification.attempt + 1, worker=worker, started_at=moment, heartbeat_at=moment,
                progress=None)
     return verification
@@ -237,12 +241,14 @@ def end_attempt_without_verdict(session: Session, verification_id: str, attempt:
         return verification.state  # a newer attempt owns it
     if verification.state == State.DISPATCHED:
         verification.attempt += 1  # the worker died before it could claim: still an attempt
-    if verification.attempt >= verification.max_attempts:
-        transition(session, verification, State.FAILED, f"attempt {verification.attempt} failed: {reason}; "
-                   f"no attempts left", reason=reason, finished_at=now(), progress=None)
+    verification.failed_attempts += 1
+    counted = f"attempt {verification.attempt} failed ({verification.failed_attempts} of {verification.max_attempts})"
+    if verification.failed_attempts >= verification.max_attempts:
+        transition(session, verification, State.FAILED, f"{counted}: {reason}; no attempts left", reason=reason,
+                   finished_at=now(), progress=None)
     else:
-        transition(session, verification, State.QUEUED, f"attempt {verification.attempt} failed: {reason}; "
-                   "retrying", reason=reason, progress=None)
+        transition(session, verification, State.QUEUED, f"{counted}: {reason}; retrying", reason=reason,
+                   progress=None)
     return verification.state
 
 
@@ -270,11 +276,13 @@ def record_cluster_status(session: Session, verification: Verification, status: 
     session.flush()
 
 
-def undispatch(session: Session, verification_id: str, reason: str) -> None:
+def undispatch(session: Session, verification_id: str, reason: str, cluster_status: str | None = None) -> None:
     """The dispatcher could not start the worker (e.g. the API server refused): back to the queue,
-    without spending an attempt."""
+    without spending an attempt; `reason` (and `cluster_status`) say why, for operators."""
     verification = get_verification(session, verification_id, for_update=True)
     if verification is not None and verification.state == State.DISPATCHED:
+        if cluster_status is not None:
+            record_cluster_status(session, verification, cluster_status, None)
         transition(session, verification, State.QUEUED, f"dispatch failed: {reason}", reason=reason)
 
 

@@ -135,8 +135,10 @@ def test_rbac_grants_only_what_the_dispatcher_uses():
     role = next(doc for doc in render() if doc["kind"] == "Role")
     grants = {(group, resource): sorted(rule["verbs"]) for rule in role["rules"]
               for group in rule["apiGroups"] for resource in rule["resources"]}
-    assert grants == {("batch", "jobs"): ["create", "delete", "get", "list", "watch"],
-                      ("kueue.x-k8s.io", "workloads"): ["get", "list", "watch"],
+    # tests/cluster/test_chart.py checks the same set against what the API server's audit log records
+    assert grants == {("batch", "jobs"): ["create", "delete", "list"],
+                      ("kueue.x-k8s.io", "workloads"): ["list"],
+                      ("", "pods"): ["list"],
                       ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads"): ["get"]}
 
 
@@ -145,6 +147,8 @@ def test_migration_runs_as_a_hook_and_pods_are_restricted():
     migration = next(doc for doc in docs if doc["kind"] == "Job")
     assert migration["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert migration["spec"]["template"]["spec"]["containers"][0]["args"] == ["db", "upgrade"]
+    # a pre-install hook runs before the chart's ServiceAccounts exist: it must not name one
+    assert "serviceAccountName" not in migration["spec"]["template"]["spec"]
     for doc in docs:
         if doc["kind"] in ("Deployment", "Job"):
             pod = doc["spec"]["template"]["spec"]

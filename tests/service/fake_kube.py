@@ -90,6 +90,8 @@ class FakeCluster:
         if path == f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{self.namespace}/workloads" and method == "GET":
             return 200, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadList", "metadata": {},
                          "items": list(self.workloads.values())}
+        if path == f"/api/v1/namespaces/{self.namespace}/pods" and method == "GET":
+            return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}
         visibility = f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{self.namespace}/localqueues/"
         if path.startswith(visibility) and path.endswith("/pendingworkloads") and method == "GET":
             items = [{"metadata": {"name": f"job-{name}-abcde", "namespace": self.namespace,

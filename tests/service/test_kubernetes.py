@@ -258,3 +258,45 @@ def test_failed_job_is_retried_as_a_new_attempt_with_a_new_job(harness, cluster)
     assert job_name(verification_id, 2) in cluster.jobs and verification.state == State.DISPATCHED
 
 
+
+
+def test_restarted_dispatcher_does_not_end_jobs_waiting_longer_than_the_lease(cluster, sqlite_url, tmp_path):
+    """The regression the real cluster found (tests/cluster: restart while waiting), at the HTTP boundary."""
+    import time
+
+    config = settings(tmp_path, sqlite_url).model_copy(update={"lease_seconds": 0.3})
+    engine = make_engine(sqlite_url)
+    factory = session_factory(engine)
+    first = DispatchLoop(dispatcher_for(cluster, config), factory, config)
+    verification_id = new_verification(factory)
+    first.tick()
+    first.dispatcher.shutdown()
+    time.sleep(0.6)  # the Job has waited in Kueue longer than the lease
+    restarted = DispatchLoop(dispatcher_for(cluster, config), factory, config)
+    restarted.tick()
+    restarted.tick()
+    restarted.dispatcher.shutdown()
+    verification, events = state(factory, verification_id)
+    assert (verification.state, verification.attempt, verification.failed_attempts) == (State.DISPATCHED, 0, 0)
+    assert list(cluster.jobs) == [job_name(verification_id, 1)], events
+    engine.dispose()
+
+
+def test_a_preempted_worker_started_again_is_not_a_failed_attempt(sqlite_url):
+    """`attempt` numbers worker starts (and fences writes); `failed_attempts` is what max_attempts limits."""
+    engine = make_engine(sqlite_url)
+    factory = session_factory(engine)
+    verification_id = new_verification(factory)
+    with transaction(factory) as session:
+        repository.start_attempt(session, verification_id, "convgate-x-1-aaaaa")
+    with transaction(factory) as session:  # preempted, the Job's next pod takes over
+        repository.start_attempt(session, verification_id, "convgate-x-1-bbbbb")
+    for expected in ("queued", "queued", "failed"):
+        with transaction(factory) as session:
+            assert repository.end_attempt_without_verdict(session, verification_id, None, "crash") == expected
+            if expected == "queued":
+                repository.start_attempt(session, verification_id, "pod")
+    verification, events = state(factory, verification_id)
+    assert (verification.attempt, verification.failed_attempts, verification.max_attempts) == (4, 3, 3)
+    assert "(attempt 1 was interrupted)" in events[2] and "no attempts left" in events[-1]
+    engine.dispose()

@@ -43,7 +43,8 @@ def _env(settings: Settings) -> list[dict[str, Any]]:
         {"name": "HOME", "value": f"{SCRATCH}/home"},
         {"name": "TMPDIR", "value": f"{SCRATCH}/tmp"},
         {"name": "HF_HOME", "value": f"{SCRATCH}/hf"},
-        {"name": "CONVGATE_ALLOW_FILE_URIS", "value": "false"},
+        # the same file:// rule the service applied when it accepted the request (false in the chart)
+        {"name": "CONVGATE_ALLOW_FILE_URIS", "value": "true" if settings.allow_file_uris else "false"},
         {"name": "CONVGATE_LEASE_SECONDS", "value": str(settings.lease_seconds)},
     ]
     if settings.allowed_hosts is not None:
@@ -92,6 +93,10 @@ def build_job(settings: Settings, verification_id: str, attempt: int) -> dict[st
         "spec": {
             "suspend": True,
             "backoffLimit": kube.backoff_limit,
+            # a pod evicted or preempted (DisruptionTarget) is replaced without counting as a failure;
+            # convgate's own accounting then sees a new worker take over the same attempt's Job
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
             "activeDeadlineSeconds": kube.active_deadline_seconds,
             "ttlSecondsAfterFinished": kube.ttl_seconds_after_finished,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
