@@ -139,3 +139,51 @@ def test_the_tokenizer_arrays_must_agree_with_the_token_count():
     assert code_of(GGUFBytes(kvs=out_of_range).build()) == "gguf.bad_tokenizer_array"
     short = [tokens, kv_array("tokenizer.ggml.token_type", ValueType.INT32, [1])]
     assert code_of(GGUFBytes(kvs=short).build()) == "gguf.bad_tokenizer_array"
+
+
+def why_of(raw: bytes) -> str:
+    with pytest.raises(GGUFStructureError) as info:
+        parse(raw)
+    return info.value.why
+
+
+def test_tensor_lookup_by_name():
+    layout = parse(tensors_file([("a", (32,), "F32"), ("b", (64,), "F32")])[0])
+    assert layout.tensor("b").shape == (64,) and layout.tensor("a").shape == (32,)
+    with pytest.raises(KeyError, match="'c'"):
+        layout.tensor("c")
+
+
+def test_numbers_are_read_with_their_signedness():
+    """Each field's wire type decides what a hostile value reads as, and so what the message says."""
+    assert why_of(GGUFBytes(version=0xFFFFFFFF).build()) == "GGUF version 4294967295 is not supported (2 or 3)"
+    assert why_of(GGUFBytes(n_kv=-1).build()) == "key/value count -1 is negative, absurd or exceeds the file"
+    bad_type = gguf_string("k") + struct.pack("<i", -1) + bytes(8)
+    assert why_of(GGUFBytes(kvs=[bad_type]).build()) == "key 'k' has unknown value type -1"
+    bad_element = gguf_string("k") + struct.pack("<ii", ValueType.ARRAY, -2) + bytes(8)
+    assert why_of(GGUFBytes(kvs=[bad_element]).build()) == "array 'k' has unknown value type -2"
+    huge_name = struct.pack("<Q", (1 << 64) - 1) + bytes(40)
+    raw = GGUFBytes(tensors=[huge_name]).build()
+    assert why_of(raw) == "tensor name length 18446744073709551615 is empty or too long"
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_every_byte_swapped_version_is_named(version):
+    swapped = struct.unpack("<I", struct.pack(">I", version))[0]
+    assert code_of(GGUFBytes(version=swapped).build()) == "gguf.byte_swapped"
+
+
+def test_utf8_errors_say_what_was_being_read():
+    bad_key = gguf_string(b"k\xff") + struct.pack("<i", ValueType.STRING) + gguf_string("v")
+    assert why_of(GGUFBytes(kvs=[bad_key]).build()) == "a key is not valid UTF-8"
+    bad_name = GGUFBytes(tensors=[tensor_info(b"t\xff", (32,), 0, 0)], data=bytes(128)).build()
+    assert why_of(bad_name) == "a tensor name is not valid UTF-8"
+
+
+def test_string_arrays_keep_undecodable_bytes():
+    """A vocabulary entry that is not UTF-8 is kept (escaped), never dropped or fatal: the tokenizer
+    comparison then names it."""
+    raw_array = gguf_string("toks") + struct.pack("<iiQ", ValueType.ARRAY, ValueType.STRING, 2)
+    raw_array += gguf_string("ok") + gguf_string(b"\xfe")
+    values = parse(GGUFBytes(kvs=[raw_array]).build()).metadata["toks"].values
+    assert values == ("ok", b"\xfe".decode("utf-8", errors="surrogateescape"))

@@ -150,3 +150,66 @@ def test_check_kinds():
     info = TensorInfo("t", (32,), GGML_TYPES_BY_NAME["Q8_0"], 0, 34)
     assert (check_kind(info, policy), check_kind(info, bounded)) == ("reproduced", "bounded")
     assert check_kind(TensorInfo("t", (32,), GGML_TYPES_BY_NAME["F16"], 0, 64), bounded) == "bit-exact"
+
+
+def test_statistics_add_up_across_chunks(tmp_path, monkeypatch):
+    """One row per chunk: defects in different chunks are counted together, never overwritten."""
+    from worker.gates import tensor_values
+
+    monkeypatch.setattr(tensor_values, "CHUNK_ELEMENTS", COLS)
+    x = weights()
+    x[0, 0] = x[5, 0] = 0.0
+    stored = x.copy()
+    stored.view(np.uint32)[1, 3] ^= 1
+    stored.view(np.uint32)[6, 9] ^= 1
+    stored[0, 0] = stored[5, 0] = -0.0
+    stored[2, 2] = stored[7, 7] = np.inf
+    row, blockers = run(tmp_path, x, "F32", stored.tobytes())
+    assert codes(blockers) == ["tensor.not_finite", "tensor.value_mismatch"]
+    assert (row.mismatched, row.not_finite, row.signed_zero_flips) == (6, 2, 2)
+    finite = np.isfinite(stored)
+    diff = (x[finite].astype(np.float64) - stored[finite].astype(np.float64))
+    assert row.rel_l2 == pytest.approx(np.sqrt((diff ** 2).sum() / (x[finite].astype(np.float64) ** 2).sum()))
+    assert row.max_abs == pytest.approx(np.abs(diff).max())
+    half = x.astype(np.float16)
+    half.view(np.uint16)[1, 1] ^= 1
+    half.view(np.uint16)[6, 1] ^= 1
+    assert run(tmp_path, x, "F16", half.tobytes())[0].mismatched == 2
+    bf16 = f32_to_bf16_bits(x)
+    bf16[1, 1] ^= 1
+    bf16[6, 1] ^= 1
+    assert run(tmp_path, x, "BF16", bf16.tobytes())[0].mismatched == 2
+
+
+def test_half_precision_statistics_are_of_the_decoded_values(tmp_path):
+    x = weights()
+    bf16 = f32_to_bf16_bits(x)
+    decoded = (bf16.astype(np.uint32) << 16).view(np.float32)
+    row, _ = run(tmp_path, x, "BF16", bf16.tobytes())
+    assert row.max_abs == pytest.approx(float(np.abs(x.astype(np.float64) - decoded).max()), rel=1e-12)
+    half = x.astype(np.float16)
+    row, _ = run(tmp_path, x, "F16", half.tobytes())
+    assert row.max_abs == pytest.approx(float(np.abs(x.astype(np.float64) - half.astype(np.float64)).max()),
+                                        rel=1e-12)
+
+
+def test_q8_0_from_a_bf16_pipeline_is_recognised(tmp_path):
+    x = weights()
+    rounded = (f32_to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+    stored = reference.quantize(rounded, GGML_TYPES_BY_NAME["Q8_0"]).tobytes()
+    row, blockers = run(tmp_path, x, "Q8_0", stored)
+    assert blockers == [] and row.input_precision == "bf16"
+
+
+def test_bound_violations_add_up_across_chunks(tmp_path, monkeypatch):
+    from worker.gates import tensor_values
+
+    monkeypatch.setattr(tensor_values, "CHUNK_ELEMENTS", COLS)
+    x = weights()
+    raw = bytearray(reference.quantize(x, GGML_TYPES_BY_NAME["Q8_0"]).tobytes())
+    per_row = COLS // 32 * 34
+    for block in (1, 5 * (COLS // 32) + 1):  # a block in row 0 and one in row 5
+        raw[34 * block + 2 + 4] ^= 0x40  # a code far off: one value out of bounds each
+    row, blockers = run(tmp_path, x, "Q8_0", bytes(raw), policy=Policy(reproduce_quantized=False))
+    assert row.bound_violations == 2 and per_row == 272
+    assert codes(blockers) == ["tensor.value_mismatch"]

@@ -96,3 +96,16 @@ def test_types_gguf_py_cannot_read_raise_our_error(type_name):
     ggml_type = GGML_TYPES_BY_NAME[type_name]
     with pytest.raises(UnsupportedTypeError, match=type_name):
         reference.dequantize(np.zeros((1, ggml_type.type_size), np.uint8), ggml_type)
+
+
+def test_tie_forgiveness_stops_exactly_at_max_ulps():
+    """2.5 + k ulps rounds to 3; a stored 2 is reproduced by moving it k + 1 ulps down, no fewer."""
+    for k in (0, 1, 3):
+        value = np.float32(2.5)
+        for _ in range(k):
+            value = np.nextafter(value, np.float32(np.inf))
+        x, stored = q8_block([127.0, float(value)])
+        assert stored.view(np.int8)[2 + 1] == 3
+        stored.view(np.int8)[2 + 1] = 2
+        assert _is_rounding_tie(x, stored, INFO, max_ulps=k + 1)
+        assert not _is_rounding_tie(x, stored, INFO, max_ulps=k)
