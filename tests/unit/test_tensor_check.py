@@ -213,3 +213,37 @@ def test_bound_violations_add_up_across_chunks(tmp_path, monkeypatch):
     row, blockers = run(tmp_path, x, "Q8_0", bytes(raw), policy=Policy(reproduce_quantized=False))
     assert row.bound_violations == 2 and per_row == 272
     assert codes(blockers) == ["tensor.value_mismatch"]
+
+
+def test_a_reader_disagreement_is_a_verifier_blocker(tmp_path, monkeypatch):
+    if not libggml.available():
+        pytest.skip("libggml (llama-cpp-python) is not installed")
+    x = weights()
+    stored = reference.quantize(x, GGML_TYPES_BY_NAME["Q8_0"]).tobytes()
+    real = libggml.dequantize
+    monkeypatch.setattr(libggml, "dequantize", lambda raw, type_id, n: real(raw, type_id, n) + np.float32(1e-3))
+    row, blockers = run(tmp_path, x, "Q8_0", stored)
+    assert row.reader_crosscheck == "disagree" and row.result == "fail"
+    assert [b.code for b in blockers] == ["verifier.reader_disagreement"]
+    assert "gguf-py and libggml dequantize blk.0.w differently" in blockers[0].why
+
+
+def test_a_type_without_reproducer_or_bound_is_unsupported():
+    from worker.gates.tensor_values import _Accumulator, _judge
+
+    info = TensorInfo("t", (32,), GGML_TYPES_BY_NAME["IQ4_NL"], 0, 18)
+    (blocker,) = _judge(_Accumulator(), info, "bounded", None)
+    assert (blocker.code, blocker.tensor) == ("tensor.type_unsupported", "t")
+    assert blocker.why == "no reproducer or derived bound for IQ4_NL"
+
+
+def test_sampled_rows_are_fixed_per_tensor_and_include_both_ends():
+    from worker.gates.tensor_values import _sample_rows
+
+    assert _sample_rows("blk.0.w", 100, 6).tolist() == SAMPLED_BLK0
+    assert _sample_rows("other", 100, 6).tolist() == SAMPLED_OTHER
+    assert _sample_rows("x", 1, 4).tolist() == [0]
+
+
+SAMPLED_BLK0 = [0, 10, 13, 67, 91, 99]
+SAMPLED_OTHER = [0, 2, 47, 71, 93, 99]
