@@ -135,3 +135,82 @@ FLAGS_eos_id = ([('tokenizer.ggml.eos_token_id', 'add_eos_token adds token 5, th
   'effective_flags': {'bos': False, 'eos': True, 'sep': False},
   'model': 'gpt2',
   'expected': {'bos': None, 'eos': [4], 'sep': []}})
+
+
+def test_what_looks_like_a_special_token():
+    from worker.gates.tokenizer_metadata import _looks_special
+
+    for token, special in (("<|endoftext|>", True), ("<tag>", True), ("<|x>", True), ("<a b>", False),
+                           ("<é>", False), ("x>", False), ("<x", False), ("|>", False), ("<|", False),
+                           ("plain", False)):
+        assert _looks_special(token) is special, token
+
+
+def test_unknown_token_from_the_model_and_vocabulary_size_from_the_ids(tmp_path):
+    from worker.gates.tokenizer_metadata import special_ids, vocabulary
+
+    wordpiece = {"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1, "b": 3}},
+                 "added_tokens": [{"id": 5, "content": "[X]", "special": True}]}
+    tf = files_for(tmp_path, wordpiece, {}, {})
+    assert special_ids(tf) == {"unk": 0}
+    assert vocabulary(tf, "gpt2") == (["[UNK]", "a", "[PAD2]", "b", "[PAD4]", "[X]"], [1, 1, 5, 1, 5, 3])
+    missing_unk = {"model": {"type": "WordPiece", "unk_token": "[NOPE]", "vocab": {"a": 0}}}
+    assert special_ids(files_for(tmp_path, missing_unk, {}, {})) == {}
+    assert vocabulary(files_for(tmp_path, {"model": {"type": "BPE", "vocab": {}}}, {}, {}), "gpt2") == ([], [])
+    small = files_for(tmp_path, {"model": {"type": "BPE", "vocab": {"a": 0}},
+                                 "added_tokens": [{"id": 3, "content": "<s>", "special": True}]}, {}, {"vocab_size": 2})
+    assert vocabulary(small, "gpt2") == (["a", "[PAD1]", "[PAD2]", "<s>"], [1, 5, 5, 3])
+    spm = files_for(tmp_path, {"model": {"type": "BPE", "byte_fallback": True,
+                                         "vocab": {"<0x0A>": 0, "<0x0AB>": 1, "0x0A>": 2}}}, {}, {})
+    assert vocabulary(spm, "llama")[1] == [6, 1, 1]
+
+
+def test_a_bert_tokenizer_derives_its_type_count_and_lowercase(tmp_path):
+    wordpiece = {"model": {"type": "WordPiece", "vocab": {"[CLS]": 0, "[SEP]": 1, "hi": 2}},
+                 "added_tokens": [{"id": 0, "content": "[CLS]", "special": True},
+                                  {"id": 1, "content": "[SEP]", "special": True}],
+                 "normalizer": {"type": "BertNormalizer", "lowercase": True}}
+    tf = files_for(tmp_path, wordpiece, {"cls_token": "[CLS]", "sep_token": "[SEP]"}, {"type_vocab_size": 2})
+    assert table(tokenizer_expectations(tf)) == BERT_TOKENIZER
+    default_types = files_for(tmp_path, wordpiece, {}, {})
+    counts = [e for e in tokenizer_expectations(default_types) if e.key == "tokenizer.ggml.token_type_count"]
+    assert [e.expected for e in counts] == [1]
+
+
+def test_bert_flags_read_as_llama_cpp_defaults(tmp_path):
+    bert = {"model": {"type": "WordPiece", "vocab": {"[CLS]": 101, "[SEP]": 102}},
+            "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101]}}
+    tf = files_for(tmp_path, bert, {"cls_token": "[CLS]", "sep_token": "[SEP]"}, {})
+    metadata = {"tokenizer.ggml.model": "bert", "tokenizer.ggml.bos_token_id": 101,
+                "tokenizer.ggml.eos_token_id": 102, "tokenizer.ggml.seperator_token_id": 102}
+    findings, details = flag_findings(tf, metadata)
+    assert ([(f.flag, f.why) for f in findings], details) == BERT_DEFAULT_FLAGS
+
+
+def files_for(tmp_path: Path, tokenizer: dict[str, Any], config: dict[str, Any], model_config: dict[str, Any]
+              ) -> TokenizerFiles:
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    read = TokenizerFiles.read(source.__globals__["SourceModel"](root=tmp_path, config=model_config, tensors={}))
+    assert read is not None
+    return read
+BERT_TOKENIZER = [('tokenizer.ggml.model', 'bert', 'tokenizer.json model.type', False, None, False),
+ ('tokenizer.ggml.tokens',
+  ['[CLS]', '[SEP]', '▁hi'],
+  'tokenizer.json vocab + added_tokens, padded to vocab_size',
+  False,
+  None,
+  False),
+ ('tokenizer.ggml.token_type', [3, 3, 1], 'tokenizer.json token kinds', False, None, False),
+ ('tokenizer.ggml.token_type_count', 2, 'config.type_vocab_size', False, None, False),
+ ('tokenizer.ggml.seperator_token_id', 1, 'tokenizer_config.json sep_token', False, None, True),
+ ('tokenizer.ggml.cls_token_id', 0, 'tokenizer_config.json cls_token', False, None, True),
+ ('tokenizer.ggml.bos_token_id', 0, 'tokenizer_config.json bos_token', False, None, True),
+ ('tokenizer.ggml.eos_token_id', 1, 'tokenizer_config.json eos_token', False, None, True),
+ ('tokenizer.ggml.normalizer.lowercase', True, 'tokenizer.json normalizer', False, None, False)]
+BERT_DEFAULT_FLAGS = ([],
+ {'template': {'prefix': [101], 'suffix': [102], 'pair_middle': [102]},
+  'gguf_flags': {'bos': None, 'eos': None, 'sep': None},
+  'effective_flags': {'bos': True, 'eos': False, 'sep': True},
+  'model': 'bert',
+  'expected': {'bos': [101], 'eos': None, 'sep': [102]}})

@@ -98,13 +98,13 @@ def special_ids(files: TokenizerFiles) -> dict[str, int]:
             token = int(files.model_config[f"{kind}_token_id"])
         if token is not None:
             ids[kind] = token
-    if kind_unk := _special_content(files.model.get("unk_token")):
-        ids.setdefault("unk", files.token_id(kind_unk) or -1)
+    if (unk := _special_content(files.model.get("unk_token"))) and (unk_id := files.token_id(unk)) is not None:
+        ids.setdefault("unk", unk_id)  # id 0 is common (<unk>, [PAD]): never test it for truth
     if "cls" in ids:
         ids.setdefault("bos", ids["cls"])
     if "sep" in ids:
         ids.setdefault("eos", ids["sep"])
-    return {kind: token for kind, token in ids.items() if token >= 0}
+    return {kind: token for kind, token in ids.items() if token >= 0}  # config.json may say -1: none
 
 
 def _looks_special(token: str) -> bool:
@@ -266,6 +266,10 @@ def flag_findings(files: TokenizerFiles, metadata: Mapping[str, Any]) -> tuple[l
     ids = {kind: metadata.get(f"tokenizer.ggml.{ID_KEYS[kind]}") for kind in ("bos", "eos", "sep")}
     gguf = {kind: metadata.get(f"tokenizer.ggml.add_{kind}_token") for kind in ("bos", "eos", "sep")}
     effective = {kind: bool(defaults[kind] if gguf[kind] is None else gguf[kind]) for kind in gguf}
+    bert_sep_ends = model == "bert" and not effective["eos"] and effective["sep"]
+    if bert_sep_ends and wanted["eos"] and ids["sep"] == wanted["eos"][0]:
+        # llama.cpp's WordPiece format ends each sequence with SEP when add_sep is set: the same tokens
+        wanted = {**wanted, "eos": None, "sep": wanted["eos"]}
     findings = [FlagFinding(f"tokenizer.ggml.add_{kind}_token", f"add_{kind}_token is {value!r}, not a boolean")
                 for kind, value in gguf.items() if value is not None and not isinstance(value, bool)]
     for kind in ("bos", "eos", "sep"):
