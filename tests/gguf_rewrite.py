@@ -1,12 +1,25 @@
-"""Rewrite an honest GGUF with one change (drop or add a tensor, change a key), using gguf-py."""
+"""Rewrite an honest GGUF with one change (drop or add a tensor, change a key), through the sweep's editor."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+from tests.mutation import gguf_edit
+from worker.formats.ggml_types import ValueType
+
+_TYPES = ((bool, ValueType.BOOL), (int, ValueType.UINT32), (float, ValueType.FLOAT32), (str, ValueType.STRING))
+
+
+def _kv(gguf: gguf_edit.GGUFFile, key: str, value: Any) -> gguf_edit.KV:
+    existing = next((kv for kv in gguf.kvs if kv.key == key), None)
+    if existing is not None:
+        return replace(existing, value=value)
+    vtype = next(vtype for kind, vtype in _TYPES if isinstance(value, kind))
+    return gguf_edit.KV(key, vtype, value)
 
 
 def rewrite(
@@ -17,25 +30,11 @@ def rewrite(
     add: dict[str, np.ndarray] | None = None,
     set_keys: dict[str, Any] | None = None,
 ) -> Path:
-    reader = GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    writer = GGUFWriter(dst, arch)
-    overrides = set_keys or {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
-            continue
-        value = overrides.get(name, field.contents())
-        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
-    for tensor in reader.tensors:
-        if tensor.name in drop:
-            continue
-        data = np.asarray(tensor.data)
-        writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=tensor.tensor_type)
+    gguf = gguf_edit.read(src)
+    for key, value in (set_keys or {}).items():
+        gguf = gguf.with_kv(_kv(gguf, key, value))
+    tensors = [t for t in gguf.tensors if t.name not in drop]
     for name, values in (add or {}).items():
-        writer.add_tensor(name, values.astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+        data = np.ascontiguousarray(values, dtype=np.float32)
+        tensors.append(gguf_edit.Tensor(name, tuple(reversed(data.shape)), 0, data.tobytes()))
+    return gguf_edit.write(gguf.with_tensors(tensors), dst)
