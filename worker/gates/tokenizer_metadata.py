@@ -16,6 +16,7 @@ from typing import Any
 
 from worker.formats.source import SourceModel
 from worker.gates.expectation import Expectation
+from worker.gates.tokenizer_parity import special_token_ids, template_facts
 
 # gguf TokenType values (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -159,8 +160,6 @@ def merges(files: TokenizerFiles) -> list[str] | None:
 
 def template_specials(files: TokenizerFiles) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Token ids the post-processor adds before and after a single sequence."""
-    from worker.gates.tokenizer_parity import template_facts
-
     facts = template_facts(dict(files.tokenizer))
     return facts.prefix, facts.suffix
 
@@ -200,12 +199,6 @@ def tokenizer_expectations(files: TokenizerFiles) -> list[Expectation]:
     return out
 
 
-def _special(processor: Mapping[str, Any], item: Mapping[str, Any]) -> tuple[int, ...]:
-    name = (item.get("SpecialToken") or {}).get("id")
-    entry = (processor.get("special_tokens") or {}).get(name) or {}
-    return tuple(int(i) for i in entry.get("ids", ()))
-
-
 def pair_middle(tokenizer: Mapping[str, Any]) -> tuple[int, ...] | None:
     """Special tokens the post-processor puts between sequence A and B of a pair (None: no pair template)."""
     processor = tokenizer.get("post_processor") or {}
@@ -222,7 +215,8 @@ def pair_middle(tokenizer: Mapping[str, Any]) -> tuple[int, ...] | None:
             ids = [i for i, item in enumerate(pair) if "Sequence" in item]
             if len(ids) != 2:
                 continue
-            found = tuple(t for item in pair[ids[0] + 1:ids[1]] for t in _special(inner, item))
+            found = tuple(t for item in pair[ids[0] + 1:ids[1]]
+                          for t in special_token_ids(inner, (item.get("SpecialToken") or {}).get("id")))
         else:
             continue
         middle = (middle or ()) + found

@@ -8,6 +8,7 @@ token, divergence only on non-ASCII text means normalisation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +35,8 @@ class TemplateFacts:
     kind: str
 
 
-def _special_ids(processor: dict[str, Any], token: str) -> tuple[int, ...]:
+def special_token_ids(processor: Mapping[str, Any], token: str | None) -> tuple[int, ...]:
+    """The ids a post-processor's named special token stands for (none for an unknown name)."""
     entry = (processor.get("special_tokens") or {}).get(token) or {}
     return tuple(int(i) for i in entry.get("ids", ()))
 
@@ -44,8 +46,8 @@ def _template(processor: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ..
     if kind == "TemplateProcessing":
         single = processor.get("single") or []
         seq = next((i for i, item in enumerate(single) if "Sequence" in item), len(single))
-        prefix = tuple(i for item in single[:seq] for i in _special_ids(processor, item["SpecialToken"]["id"]))
-        suffix = tuple(i for item in single[seq + 1:] for i in _special_ids(processor, item["SpecialToken"]["id"]))
+        prefix = tuple(i for item in single[:seq] for i in special_token_ids(processor, item["SpecialToken"]["id"]))
+        suffix = tuple(i for item in single[seq + 1:] for i in special_token_ids(processor, item["SpecialToken"]["id"]))
         return prefix, suffix
     if kind in ("BertProcessing", "RobertaProcessing"):
         return (int(processor["cls"][1]),), (int(processor["sep"][1]),)
