@@ -9,6 +9,7 @@ fixtures into `.fixtures/` and then runs. Re-installs only when pyproject.toml c
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def demo() -> int:
     build_fixtures("minilm")
     home = ROOT / ".convgate"
     env = dict(os.environ, CONVGATE_DATABASE_URL=f"sqlite:///{home / 'convgate.db'}",
-               CONVGATE_CACHE_DIR=str(home / "cache"))
+               CONVGATE_CACHE_DIR=str(home / "cache"), CONVGATE_FILE_ROOTS=json.dumps([str(FIXTURES)]))
     convgate = str(VENV / "bin" / "convgate")
     port = _free_port()
     subprocess.check_call([convgate, "db", "upgrade"], env=env)
@@ -156,7 +157,7 @@ def ensure_postgres() -> str:
     """Install Debian's Postgres when missing, start its cluster, and make a password role for the tests.
 
     Debian's default pg_hba allows only peer auth on the socket and scram on TCP, so the suite gets its
-    own CREATEDB role (created over the socket as the postgres user) instead of editing pg_hba.
+    own CREATEDB CREATEROLE role (created over the socket as the postgres user) instead of editing pg_hba.
     Returns the admin URL the tests use (CONVGATE_TEST_PG)."""
     import shutil
 
@@ -170,7 +171,9 @@ def ensure_postgres() -> str:
     version = versions[-1]
     _run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
     sql = (f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{PG_TEST_ROLE}') THEN "
-           f"CREATE ROLE {PG_TEST_ROLE} LOGIN CREATEDB PASSWORD '{PG_TEST_PASSWORD}'; END IF; END $$;")
+           f"CREATE ROLE {PG_TEST_ROLE} LOGIN CREATEDB CREATEROLE PASSWORD '{PG_TEST_PASSWORD}'; END IF; END $$; "
+           # the worker-privilege tests create the restricted worker roles they then try to abuse
+           f"ALTER ROLE {PG_TEST_ROLE} CREATEROLE;")
     _check("runuser", "-u", "postgres", "--", "psql", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql)
     return f"postgresql://{PG_TEST_ROLE}:{PG_TEST_PASSWORD}@127.0.0.1:5432/postgres"
 

@@ -24,8 +24,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from build_fixtures import convert, llama_cpp_tree, quantize  # noqa: E402
 
-from worker.engine import VerifyRequest, verify  # noqa: E402
-from worker.fetch import ContentStore  # noqa: E402
+from worker.engine import LocalInputs, VerifyRequest, verify  # noqa: E402
 from worker.formats.gguf_structure import read_layout  # noqa: E402
 from worker.policy import Policy  # noqa: E402
 from worker.quant.precision import PRECISION_CLASSES, precision_class  # noqa: E402
@@ -61,8 +60,8 @@ def variant(fixtures: Path, name: str, base: Path, source: Path, kind: str) -> P
 
 def measure(source: Path, artifact: Path, texts: tuple[str, ...]) -> dict[str, float | None]:
     policy = Policy(runtime={name: PERMISSIVE for name in PRECISION_CLASSES}, require_top1_equal=False)
-    request = VerifyRequest(source_uri=str(source), artifact_uri=artifact.as_uri(), gates=frozenset({2}), texts=texts)
-    report = verify(request, policy, ContentStore(artifact.parent / ".convgate-cache"))
+    request = VerifyRequest(gates=frozenset({2}), texts=texts)
+    report = verify(request, LocalInputs(source=source, artifact=artifact), policy)
     details = report.gates["runtime"].details
     if "embeddings" in details:
         return {"min_cosine": details["embeddings"]["min_cosine"]}

@@ -83,13 +83,14 @@ def tokens_list() -> None:
 
 @worker_app.command("run")
 def worker_run(verification_id: Annotated[str, typer.Option()],
+               attempt: Annotated[int, typer.Option(help="the attempt this worker was launched for", min=1)],
                worker_name: Annotated[str | None, typer.Option()] = None) -> None:
     """Run one verification attempt and store its verdict (what a pool process or a Job runs)."""
     from service.job import run_verification
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     name = worker_name or f"{os.uname().nodename}:{os.getpid()}"
-    raise typer.Exit(run_verification(Settings(), verification_id, name))
+    raise typer.Exit(run_verification(Settings(), verification_id, name, attempt))
 
 
 @app.command("serve")
@@ -160,7 +161,10 @@ def status(verification_id: str, url: UrlOpt = None, token: TokenOpt = None) -> 
 @app.command("report")
 def report(verification_id: str, url: UrlOpt = None, token: TokenOpt = None,
            output_format: Annotated[str, typer.Option("--format", help="json, markdown or html")] = "markdown") -> None:
-    accept = {"json": "application/json", "markdown": "text/markdown", "html": "text/html"}[output_format]
+    formats = {"json": "application/json", "markdown": "text/markdown", "html": "text/html"}
+    if output_format not in formats:
+        raise typer.BadParameter(f"{output_format!r} is not one of json, markdown, html", param_hint="--format")
+    accept = formats[output_format]
     try:
         sys.stdout.write(Client(url, token).report(verification_id, accept) + "\n")
     except ApiError as exc:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.policy import Policy
 
 EMBEDDED_HOME = Path(".convgate")
+POLICY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+INLINE_VERSION_PREFIX = "inline-"  # every inline policy's version starts with it; no configured one may
 
 
 class KubernetesSettings(BaseModel):
@@ -26,6 +29,10 @@ class KubernetesSettings(BaseModel):
     service_account: str = "convgate-worker"
     database_secret: str = "convgate-database"
     database_secret_key: str = "url"
+    # set: workers get this Secret's URL (the restricted worker login, `convgate db grant-worker`) plus
+    # their attempt's own secret, never `database_secret`; unset: workers share the service's URL
+    worker_database_secret: str | None = None
+    worker_database_secret_key: str = "url"
     cpu_request: str = "2"
     cpu_limit: str = "2"
     memory_request: str = "8Gi"
@@ -46,6 +53,8 @@ class KubernetesSettings(BaseModel):
     kubeconfig: Path | None = Field(None, description="when not in_cluster: this kubeconfig, else the default one")
     create_pause_seconds: float = Field(
         10.0, ge=0, description="after a Job create failed for good (e.g. Kueue down), claim nothing this long")
+    refused_creates_before_failing: int = Field(
+        3, ge=1, description="a verification whose Job the API server refuses (400/403/422) this often fails")
     deleted_job_grace_seconds: float = Field(
         30.0, ge=0, description="a dispatched verification whose Job never appeared is lost after this long")
 
@@ -68,6 +77,28 @@ class Settings(BaseSettings):
     allow_private_addresses: bool = Field(False, description="testing only: let https:// reach loopback/private")
     trusted_hosts: tuple[str, ...] = Field((), description="hosts exempt from the address checks (internal mirrors)")
     hf_endpoint: str | None = None
-    policies: dict[str, Policy] = Field(default_factory=lambda: {"default": Policy()})
-    metrics_public: bool = True
+    file_roots: tuple[Path, ...] = Field(
+        (), description="file:// URIs must resolve (symlinks and .. followed) inside one of these; none: refused")
+    fetch_attempts: int = Field(4, ge=1, le=10, description="tries per download before the attempt ends unjudged")
+    fetch_backoff_seconds: float = Field(1.0, ge=0, description="first retry delay; doubles per try")
+    fetch_max_backoff_seconds: float = Field(30.0, ge=0, description="longest retry delay (and Retry-After honoured)")
+    policies: dict[str, Policy] = Field(
+        default_factory=lambda: {"default": Policy()},
+        description="named policies (JSON); submitters choose one by name, inline ones need role policy-author")
+    metrics_public: bool = Field(True, description="False: /metrics needs an operator or admin token")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused with 413")
+
+    @field_validator("policies")
+    @classmethod
+    def _configured_policies(cls, value: dict[str, Policy]) -> dict[str, Policy]:
+        """Names fit `configured:<name>`; no configured version looks like an inline one."""
+        if not value:
+            raise ValueError("configure at least one policy")
+        for name, policy in value.items():
+            if not POLICY_NAME.fullmatch(name):
+                raise ValueError(f"policy name {name!r} must match {POLICY_NAME.pattern}")
+            if policy.version.startswith(INLINE_VERSION_PREFIX):
+                raise ValueError(f"policy {name!r}: version {policy.version!r} starts with "
+                                 f"{INLINE_VERSION_PREFIX!r}, which marks inline policies")
+        return value
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)

@@ -13,29 +13,43 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from edge.inputs import fetch_and_verify
+from edge.redact import install_log_redaction, redact
+from edge.store import ContentStore
 from service.config import Settings
+from service.fetching import fetch_policy, input_uris
+from service.lifecycle import Reason
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
-from service.verifications import uri_policy
-from worker.engine import SourceUnavailableError, VerifyRequest, verify
+from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import ConvgateError
-from worker.fetch import ContentStore, FetchPolicy, local_path
 from worker.policy import Policy
 
 log = logging.getLogger("convgate.job")
 
 
 class AttemptSupersededError(ConvgateError):
-    """This attempt was cancelled or replaced by a newer one: stop working."""
+    """This attempt was cancelled or replaced by a newer one: stop working, write nothing."""
+
+
+class LeaseLostError(AttemptSupersededError):
+    """No heartbeat went through for a lease: the dispatcher may already count this worker as dead."""
 
 
 class Heartbeat:
-    """Reports liveness and the latest progress every `interval` seconds from a background thread."""
+    """Reports liveness and the latest progress every `interval` seconds from a background thread.
+    A failed heartbeat (e.g. SQLite's "database is locked") is retried at the next beat; once none has
+    gone through for a `lease`, the worker stops itself instead of running on while the dispatcher
+    declares it dead and starts another attempt."""
 
-    def __init__(self, factory: sessionmaker[Session], verification_id: str, attempt: int, interval: float) -> None:
-        self.factory, self.verification_id, self.attempt, self.interval = factory, verification_id, attempt, interval
+    def __init__(self, factory: sessionmaker[Session], verification_id: str, attempt: int, worker: str, *,
+                 interval: float, lease: float) -> None:
+        self.factory, self.verification_id, self.attempt, self.worker = factory, verification_id, attempt, worker
+        self.interval, self.lease = interval, lease
         self.progress: dict[str, Any] | None = None
         self.superseded = threading.Event()
+        self.lost = threading.Event()
+        self._last_beat = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="convgate-heartbeat", daemon=True)
 
@@ -44,18 +58,27 @@ class Heartbeat:
         self.progress = {"stage": stage, "done": done, "total": total}
         if self.superseded.is_set():
             raise AttemptSupersededError("attempt superseded or cancelled")
+        if self.lost.is_set():
+            raise LeaseLostError(f"no heartbeat went through for a lease ({self.lease:g}s): stopping")
 
     def _beat(self) -> None:
         with transaction(self.factory) as session:
-            if not repository.heartbeat(session, self.verification_id, self.attempt, self.progress):
+            if not repository.heartbeat(session, self.verification_id, self.attempt, self.progress,
+                                        worker=self.worker):
                 self.superseded.set()
+        self._last_beat = time.monotonic()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval if self.progress is not None else 0.2):
             try:
                 self._beat()
-            except Exception:
-                log.exception("heartbeat failed")
+            except Exception as exc:  # retried at the next beat, until the lease runs out
+                log.warning("heartbeat of %s attempt %s failed: %s", self.verification_id, self.attempt, exc)
+            if self.superseded.is_set():
+                return
+            if time.monotonic() - self._last_beat >= self.lease:
+                self.lost.set()
+                return
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -68,38 +91,48 @@ class Heartbeat:
 
 def _request(stored: dict[str, Any]) -> VerifyRequest:
     return VerifyRequest(
-        source_uri=stored["source_uri"], artifact_uri=stored["artifact_uri"],
         expected_sha256=stored["artifact_sha256"], gates=frozenset(stored.get("gates") or (1, 2, 3)),
         texts=tuple(stored["texts"]) if stored.get("texts") else None, kind=stored.get("kind", "auto"),
-        release_files=tuple(local_path(uri) for uri in stored.get("release_files", [])),
     )
 
 
-def run_verification(settings: Settings, verification_id: str, worker_name: str) -> int:
+def run_verification(settings: Settings, verification_id: str, worker_name: str, attempt: int) -> int:
     factory = session_factory(make_engine(settings.database_url))
     with transaction(factory) as session:
-        verification = repository.start_attempt(session, verification_id, worker_name)
-        if verification is None:
-            log.info("verification %s has nothing to run", verification_id)
+        verification = repository.start_attempt(session, verification_id, worker_name, attempt=attempt)
+        if verification is None:  # not this attempt's turn (an older or newer one, cancelled, finished)
+            log.info("verification %s has no attempt %s to run", verification_id, attempt)
             return 0
-        attempt, stored, policy = verification.attempt, dict(verification.request), Policy(**verification.policy)
-    fetch_policy = FetchPolicy(allow_file=settings.allow_file_uris, allowed_hosts=settings.allowed_hosts,
-                               hf_endpoint=settings.hf_endpoint, check_url=uri_policy(settings).fetch_hook)
+        stored, policy = dict(verification.request), Policy(**verification.policy)
+    install_log_redaction()  # URIs in any log line (httpx logs each request's URL) show no secrets
     started = time.perf_counter()
-    try:
-        with Heartbeat(factory, verification_id, attempt, min(settings.lease_seconds / 4, 2.0)) as heart:
-            report = verify(_request(stored), policy, ContentStore(settings.cache_dir), fetch_policy, heart.update)
+    try:  # the edge fetches (policy-checked, retried), then the pure engine runs on local files
+        with Heartbeat(factory, verification_id, attempt, worker_name, interval=min(settings.lease_seconds / 4, 2.0),
+                       lease=settings.lease_seconds) as heart:
+            report = fetch_and_verify(_request(stored), input_uris(stored), policy, fetch_policy(settings),
+                                      ContentStore(settings.cache_dir), heart.update)
     except SourceUnavailableError as exc:
         with transaction(factory) as session:
-            repository.fail_permanently(session, verification_id, attempt, f"source unavailable: {exc}")
+            repository.fail_permanently(session, verification_id, attempt, redact(f"source unavailable: {exc}"),
+                                        worker=worker_name)
         return 0
-    except Exception as exc:  # any crash: record it, let the dispatcher's retry policy decide
+    except LeaseLostError as exc:
+        with transaction(factory) as session:
+            repository.end_attempt_without_verdict(session, verification_id, attempt, Reason.HEARTBEAT_LOST,
+                                                   str(exc), worker=worker_name)
+        return 1
+    except AttemptSupersededError:
+        log.info("verification %s attempt %s was superseded or cancelled: stopped", verification_id, attempt)
+        return 0
+    except Exception as exc:  # a crash or a transient fetch failure: no verdict, the dispatcher retries
         log.exception("attempt %s of %s failed", attempt, verification_id)
         with transaction(factory) as session:
-            repository.end_attempt_without_verdict(session, verification_id, attempt, f"{type(exc).__name__}: {exc}")
+            repository.end_attempt_without_verdict(session, verification_id, attempt, Reason.WORKER_ERROR,
+                                                   redact(f"{type(exc).__name__}: {exc}"), worker=worker_name)
         return 1
     with transaction(factory) as session:
-        written = repository.record_verdict(session, verification_id, attempt, json.loads(report.model_dump_json()))
+        written = repository.record_verdict(session, verification_id, attempt, json.loads(report.model_dump_json()),
+                                            worker=worker_name)
     log.info("verification %s attempt %s: %s in %.1fs%s", verification_id, attempt, report.verdict,
              time.perf_counter() - started, "" if written else " (stale attempt: not recorded)")
     return 0

@@ -32,11 +32,22 @@ def _results(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def model_card(report: dict[str, Any]) -> list[str]:
+def policy_origin_line(origin: str | None) -> str:
+    """Where the thresholds came from: a GO under anything but a configured policy says so first."""
+    if origin is not None and origin.startswith("configured:"):
+        return f"Thresholds: the configured policy `{origin.removeprefix('configured:')}`."
+    if origin == "inline":
+        return ("**Warning: inline policy** - the thresholds were sent with the request, not a policy "
+                "configured by the operator; this verdict was not held to the platform's thresholds.")
+    return ("**Warning: policy origin not recorded** - this verdict predates recording it; it may not be a "
+            "policy configured by the operator.")
+
+
+def model_card(report: dict[str, Any], origin: str | None = None) -> list[str]:
     values = report["policy"]["values"]
     lines = ["## Verification (model card section)", "",
-             f"Verdict: **{report['verdict']}** under convgate policy {values['version']} "
-             f"(sha256 `{report['policy']['sha256']}`).", "", "Files:", "",
+             f"Verdict: **{report['verdict']}** under convgate policy {values.get('version')} "
+             f"(sha256 `{report['policy']['sha256']}`).", "", policy_origin_line(origin), "", "Files:", "",
              "| file | sha256 | bytes |", "|---|---|---|"]
     lines += [f"| {f['uri']} | `{f['sha256']}` | {f['size']} |" for f in report["files"]]
     runtime = report["gates"].get("runtime", {}).get("details", {})
@@ -49,15 +60,17 @@ def model_card(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def to_markdown(verification_id: str, report: dict[str, Any]) -> str:
+def to_markdown(verification_id: str, report: dict[str, Any], origin: str | None = None) -> str:
+    """`origin` is the verification's policy origin (`configured:<name>`, `inline`, or None: unknown)."""
     lines = [f"# convgate verification {verification_id}", "", f"**{report['verdict']}**", "",
+             policy_origin_line(origin), "",
              f"Artifact: `{report['artifact']['uri']}` sha256 `{report['artifact']['sha256']}`"
              if report.get("artifact") else "Artifact: (not fetched)", "", *_gate_lines(report), ""]
     if report["blockers"]:
         lines += ["## Blockers", ""]
         lines += [f"- `{b['code']}` ({b['gate']}) {b.get('tensor') or ''} {b['why']}" for b in report["blockers"]]
         lines.append("")
-    return "\n".join(lines + model_card(report)) + "\n"
+    return "\n".join(lines + model_card(report, origin)) + "\n"
 
 
 STYLE = ("body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:70rem;color:#1d2330}"
@@ -65,10 +78,11 @@ STYLE = ("body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:70
          "code{font-size:.9em}")
 
 
-def to_html(verification_id: str, report: dict[str, Any]) -> str:
+def to_html(verification_id: str, report: dict[str, Any], origin: str | None = None) -> str:
     """The Markdown rendered by markdown-it (raw HTML disabled, so report text cannot inject markup)."""
     from markdown_it import MarkdownIt
 
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(to_markdown(verification_id, report))
+    markdown = to_markdown(verification_id, report, origin)
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>convgate "
             f"{html.escape(verification_id)}</title><style>{STYLE}</style></head><body>{body}</body></html>")

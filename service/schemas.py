@@ -2,30 +2,64 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from worker.policy import Policy
 
 SHA256 = r"^[0-9a-f]{64}$"
 GateNumber = Literal[1, 2, 3]
 ALL_GATES: tuple[GateNumber, ...] = (1, 2, 3)
+# Input limits: a request body is at most Settings.max_body_bytes (1 MiB by default, else 413);
+# inside it, gate 2's texts are bounded in count, length and total size (else 422).
+MAX_TEXTS = 1000
+MAX_TEXT_CHARS = 8192
+MAX_TEXTS_BYTES = 512 * 1024
+# No control characters (NUL cannot be stored in Postgres text, and none belongs in a URI or a name).
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+UriText = Annotated[str, Field(min_length=1, max_length=4096, pattern=PRINTABLE)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=r"^[^\x00]*$")]
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_only(value: object) -> object:
+    """A query time is ISO 8601 as documented; pydantic alone would also read `0` as the Unix epoch."""
+    if isinstance(value, str) and not ISO_DATE.match(value):
+        raise ValueError("expected an ISO 8601 date-time, e.g. 2026-11-30T12:00:00Z")
+    return value
+
+
+Moment = Annotated[datetime, BeforeValidator(_iso_only)]
 
 
 class SubmitRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    source_uri: str = Field(description="model directory: file://, or hf://owner/repo@<40-hex commit>")
-    artifact_uri: str = Field(description="the GGUF: file://, https:// or hf://owner/repo@<commit>/path")
+    source_uri: UriText = Field(description="model directory: file://, or hf://owner/repo@<40-hex commit>")
+    artifact_uri: UriText = Field(description="the GGUF: file://, https:// or hf://owner/repo@<commit>/path")
     artifact_sha256: str = Field(pattern=SHA256, description="expected sha256 of the artifact")
     kind: Literal["auto", "embedding", "causal-lm"] = "auto"
-    policy: str | Policy = Field("default", description="a policy name known to the server, or an inline policy")
+    policy: Annotated[str, Field(max_length=63, pattern=PRINTABLE)] | Policy = Field(
+        "default", description="a policy name configured by the operator, or an inline policy (role policy-author; "
+        "its version is prefixed 'inline-' and the verdict is marked inline)")
     gates: list[GateNumber] = Field(default_factory=lambda: list(ALL_GATES), min_length=1)
-    texts: list[str] | None = Field(None, max_length=1000)
-    release_files: list[str] = Field(default_factory=list, max_length=100,
-                                     description="other files of the release package (file:// URIs)")
+    texts: list[Text] | None = Field(
+        None, max_length=MAX_TEXTS,
+        description=f"at most {MAX_TEXTS} texts of at most {MAX_TEXT_CHARS} characters, {MAX_TEXTS_BYTES} bytes "
+        "of UTF-8 in all")
+    release_files: list[UriText] = Field(default_factory=list, max_length=100,
+                                         description="other files of the release package (file:// URIs)")
+
+    @field_validator("texts")
+    @classmethod
+    def _texts_total(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and sum(len(t.encode("utf-8", "surrogatepass")) for t in value) > MAX_TEXTS_BYTES:
+            raise ValueError(f"texts hold more than {MAX_TEXTS_BYTES} bytes of UTF-8 in all")
+        return value
 
 
 class VerificationOut(BaseModel):
@@ -39,11 +73,15 @@ class VerificationOut(BaseModel):
     artifact_uri: str
     artifact_sha256: str
     policy_sha256: str
+    policy_origin: str = Field(description="'configured:<name>', 'inline', or 'unrecorded' (before the origin was "
+                               "stored): only 'configured:…' verdicts were held to the operator's thresholds")
+    policy_version: str | None = None
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
     progress: dict[str, Any] | None
     reason: str | None
+    reason_code: str | None = Field(None, description="why, as a code: service.lifecycle.Reason")
     cluster_status: str | None = None
     queue_position: int | None = None
     verdict: str | None
@@ -54,6 +92,28 @@ class VerificationOut(BaseModel):
 class VerificationList(BaseModel):
     items: list[VerificationOut]
     next_cursor: str | None
+
+
+class AccessLogEntry(BaseModel):
+    id: int
+    at: datetime
+    principal: str
+    role: str
+    action: str
+    verification_id: str | None
+    path: str
+    query: dict[str, Any]
+
+
+class AccessLogPage(BaseModel):
+    items: list[AccessLogEntry]
+    next_cursor: str | None
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx: a message, or (422 for malformed input) the list of what was wrong."""
+
+    detail: str | list[dict[str, Any]]
 
 
 class EventOut(BaseModel):

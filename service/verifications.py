@@ -9,12 +9,13 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.config import Settings
+from edge.redact import redact
+from edge.uri_policy import UriRefusedError
+from service.config import INLINE_VERSION_PREFIX, Settings
+from service.fetching import public_request, stored_request, uri_policy
 from service.persistence import repository
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
-from service.states import TERMINAL, State
-from service.uri_policy import UriPolicy, UriRefusedError
 from worker.policy import Policy
 
 
@@ -26,23 +27,28 @@ class IdempotencyConflictError(ValueError):
     """The idempotency key was used before with a different request: HTTP 409."""
 
 
-def uri_policy(settings: Settings) -> UriPolicy:
-    return UriPolicy(allow_file=settings.allow_file_uris, allowed_hosts=settings.allowed_hosts,
-                     allow_private_addresses=settings.allow_private_addresses, trusted_hosts=settings.trusted_hosts)
+class PolicyRefusedError(PermissionError):
+    """An inline policy from a caller whose role may not author policies: HTTP 403."""
 
 
-def _resolve_policy(settings: Settings, requested: str | Policy) -> Policy:
+def _resolve_policy(settings: Settings, requested: str | Policy, may_author: bool) -> tuple[Policy, str]:
+    """The thresholds and their origin: `configured:<name>`, or `inline` for a caller allowed to author
+    policies, whose version is prefixed so it can never pass for a configured one."""
     if isinstance(requested, Policy):
-        return requested
+        if not may_author:
+            raise PolicyRefusedError(
+                f"inline policies need the role policy-author (or admin); use a configured policy by name: "
+                f"{sorted(settings.policies)}")
+        return requested.model_copy(update={"version": INLINE_VERSION_PREFIX + requested.version}), "inline"
     if requested not in settings.policies:
         raise SubmissionError(f"unknown policy {requested!r}; known: {sorted(settings.policies)}")
-    return settings.policies[requested]
+    return settings.policies[requested], f"configured:{requested}"
 
 
 def submit(session: Session, settings: Settings, submitter: str, body: SubmitRequest,
-           idempotency_key: str | None) -> tuple[Verification, bool]:
+           idempotency_key: str | None, *, may_author_policies: bool = False) -> tuple[Verification, bool]:
     """Store a verification (thresholds fixed now, with their hash); returns it and whether it is new."""
-    policy = _resolve_policy(settings, body.policy)
+    policy, policy_origin = _resolve_policy(settings, body.policy, may_author_policies)
     checker = uri_policy(settings)
     try:
         checker.check(body.source_uri, directory=True)
@@ -52,10 +58,10 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
                 raise UriRefusedError("release files are file:// URIs")
             checker.check(uri)
     except UriRefusedError as exc:
-        raise SubmissionError(str(exc)) from exc
-    request: dict[str, Any] = body.model_dump(mode="json", exclude={"policy"})
-    request_sha256 = hashlib.sha256(
-        json.dumps({"request": request, "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
+        raise SubmissionError(redact(str(exc))) from exc
+    request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={"policy"}))
+    request_sha256 = hashlib.sha256(json.dumps(
+        {"request": public_request(request), "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
     if idempotency_key is not None:
         existing = repository.by_idempotency_key(session, submitter, idempotency_key)
         if existing is not None:
@@ -66,6 +72,8 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
                 session, submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
                 request=request, policy=policy.model_dump(mode="json"), policy_sha256=policy.sha256(),
                 max_attempts=settings.max_attempts)
+            verification.policy_origin = policy_origin
+            session.flush()
     except IntegrityError:
         existing = repository.by_idempotency_key(session, submitter, idempotency_key or "")
         if existing is None:
@@ -81,9 +89,8 @@ def _same_request(existing: Verification, request_sha256: str) -> Verification:
 
 
 def cancel(session: Session, verification: Verification, by: str) -> Verification:
-    if verification.state not in TERMINAL:
-        repository.transition(session, verification, State.CANCELLED, f"cancelled by {by}", progress=None)
-    return verification
+    """A conditional write: a verdict (or failure) committed first wins and is what is returned."""
+    return repository.cancel(session, verification.id, by) or verification
 
 
 def to_out(session: Session, verification: Verification, *, with_blockers: bool = True) -> VerificationOut:
@@ -98,9 +105,11 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
         submitted_by=verification.submitted_by,
         source_uri=verification.source_uri, artifact_uri=verification.artifact_uri,
         artifact_sha256=verification.artifact_sha256, policy_sha256=verification.policy_sha256,
+        policy_origin=verification.policy_origin or "unrecorded", policy_version=verification.policy.get("version"),
         created_at=repository.as_utc(verification.created_at), started_at=repository.as_utc(verification.started_at),
         finished_at=repository.as_utc(verification.finished_at), progress=verification.progress,
-        reason=verification.reason, cluster_status=verification.cluster_status,
+        reason=verification.reason, reason_code=verification.reason_code,
+        cluster_status=verification.cluster_status,
         queue_position=verification.queue_position, verdict=verification.verdict_result, blockers=blockers,
         links={"self": base, "report": f"{base}/report", "events": f"{base}/events", "cancel": f"{base}/cancel"},
     )

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.engine import VerifyRequest, verify
-from worker.fetch import ContentStore
+from worker.engine import LocalInputs, VerifyRequest, verify
 from worker.formats.gguf_structure import read_layout
 from worker.policy import Policy
 from worker.report import Report
@@ -66,8 +65,8 @@ def qwen3() -> Path:
 
 
 def run_gates(source: Path, artifact: Path, gates: set[int], policy: Policy | None = None, **extra) -> Report:
-    request = VerifyRequest(source_uri=str(source), artifact_uri=artifact.as_uri(), gates=frozenset(gates), **extra)
-    return verify(request, policy or Policy(), ContentStore(artifact.parent / ".convgate-cache"))
+    request = VerifyRequest(gates=frozenset(gates), **extra)
+    return verify(request, LocalInputs(source=source, artifact=artifact), policy or Policy())
 
 
 def run_gate1(source: Path, artifact: Path, policy: Policy | None = None) -> Report:

@@ -43,7 +43,8 @@ BLOCKER_CODES: dict[str, str] = {
     # --- source model ---
     "source.unsafe_format": "the source holds a pickle checkpoint (.bin/.pt/.pth/.ckpt), which is never loaded",
     "source.missing": "the source directory lacks config.json or any safetensors weights",
-    "source.bad_config": "config.json is not a JSON object",
+    "source.bad_config": "config.json is not a JSON object, or a hyperparameter in it is not a number in range",
+    "source.bad_file": "a tokenizer or sentence-transformers file is not valid JSON or not the shape its format has",
     "source.bad_safetensors": "a safetensors header is malformed or inconsistent with the file",
     "source.duplicate_tensor": "a tensor name appears twice in safetensors headers or across shards",
     "source.index_mismatch": "model.safetensors.index.json disagrees with the shard headers",
@@ -58,6 +59,7 @@ BLOCKER_CODES: dict[str, str] = {
     "tensor.reproduction_mismatch": "re-quantizing the source does not give the stored bytes",
     "metadata.mismatch": "GGUF architecture metadata disagrees with config.json or with the tensors present",
     "metadata.missing": "a required GGUF metadata key is absent",
+    "metadata.wrong_type": "a GGUF metadata value has a type llama.cpp does not accept for its key",
     "metadata.unsupported_architecture": "the GGUF architecture has no name map in this verifier",
     "metadata.pooling_mismatch": "the GGUF pooling type differs from the source model's pooling",
     "metadata.unexpected_key": "a GGUF key llama.cpp may read is present, but nothing in the source says it should be",
@@ -96,6 +98,12 @@ BLOCKER_CODES: dict[str, str] = {
 }
 
 
+def safe_text(text: str) -> str:
+    """`text` with lone surrogates (invalid UTF-8 read with surrogateescape, or a JSON `\\ud800`)
+    written as backslash escapes, so every report, log line and database row can encode it."""
+    return text.encode(errors="backslashreplace").decode()  # str.encode is always UTF-8
+
+
 class Blocker(BaseModel):
     """One reason the verdict cannot be GO. Codes must come from `BLOCKER_CODES`."""
 
@@ -107,6 +115,11 @@ class Blocker(BaseModel):
     tensor: str | None = None
     text: str | None = None
     key: str | None = None
+
+    @field_validator("why", "tensor", "text", "key")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        return None if value is None else safe_text(value)
 
     @field_validator("code")
     @classmethod

@@ -1,29 +1,62 @@
 """`convgate` command line. Printing and exit codes live here and nowhere else.
 
-Exit codes: 0 GO, 1 NO-GO, 2 could not run (usage error, unreadable source or artifact path).
+Exit codes: 0 GO, 1 NO-GO, 2 could not run (usage error, unreadable source or artifact path),
+3 internal error (a bug in convgate, never a verdict: one line on stderr, the traceback only with
+--debug or CONVGATE_DEBUG=1).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar, cast
 from urllib.parse import urlparse
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from worker.engine import SourceUnavailableError, VerifyRequest, verify
+from edge.download import FetchPolicy
+from edge.errors import TransientFetchError
+from edge.file_roots import OutsideRootsError, file_uri_path
+from edge.inputs import InputUris, fetch_and_verify
+from edge.redact import install_log_redaction
+from edge.store import ContentStore
+from edge.uri_policy import UriPolicy
+from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import UsageError
-from worker.fetch import ContentStore, FetchPolicy, local_path
 from worker.policy import load_policy
 from worker.summary import render_summary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Verify model conversions before they ship.")
 stderr = Console(stderr=True)
-EXIT_GO, EXIT_NO_GO, EXIT_CANNOT_RUN = 0, 1, 2
+EXIT_GO, EXIT_NO_GO, EXIT_CANNOT_RUN, EXIT_INTERNAL = 0, 1, 2, 3
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+def exits_3_on_internal_error(command: _Command) -> _Command:
+    """An unexpected exception is exit 3 with one line on stderr, so it is never read as NO-GO (typer's
+    default for an uncaught exception is exit 1 with a traceback)."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.ClickException, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # the one place every other exception is translated
+            if kwargs.get("debug") or os.environ.get("CONVGATE_DEBUG"):
+                traceback.print_exc()
+            message = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            stderr.print(f"convgate: internal error, not a verdict: {message} (--debug shows the traceback)",
+                         markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INTERNAL) from exc
+
+    return cast(_Command, run)
 
 
 @app.callback()
@@ -31,11 +64,19 @@ def _main() -> None:
     """convgate: verifies Hugging Face -> GGUF conversions."""
 
 
+# The CLI reads what its user can read (file roots are the service's setting); https:// goes through
+# the same transport as the service's: public addresses only, checked where it connects.
+CLI_FETCH_POLICY = FetchPolicy(uris=UriPolicy(allow_file=True, file_roots=(Path("/"),)))
+
+
 def _check_local(value: str, what: str) -> str:
-    """Local paths must exist (else exit 2); remote URIs are fetched by the engine."""
+    """Local paths must exist (else exit 2); remote URIs are fetched at the edge (`edge.inputs`)."""
     parsed = urlparse(value)
     if parsed.scheme in ("", "file"):
-        path = local_path(value)
+        try:
+            path = file_uri_path(value)
+        except OutsideRootsError as exc:
+            raise UsageError(f"{what}: {exc}") from exc
         if not path.exists():
             raise UsageError(f"{what} {value} does not exist")
         return path.resolve().as_uri()
@@ -84,6 +125,7 @@ class _ProgressBars:
 
 
 @app.command("verify")
+@exits_3_on_internal_error
 def verify_command(
     source: Annotated[str, typer.Option(help="Hugging Face model directory (path or file:// URI)")],
     artifact: Annotated[str, typer.Option(help="converted GGUF (path or file:// URI)")],
@@ -96,22 +138,22 @@ def verify_command(
     release: Annotated[list[Path] | None, typer.Option(help="another file of the release package")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="content-addressed download cache")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the JSON report instead of the summary")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="print the traceback of an internal error (exit 3)")] = False,
 ) -> None:
     """Run the verification gates on one conversion and print a verdict."""
     try:
         if kind not in ("auto", "embedding", "causal-lm"):
             raise UsageError(f"--kind must be auto, embedding or causal-lm, not {kind!r}")
-        request = VerifyRequest(
-            source_uri=_check_local(source, "source"), artifact_uri=_check_local(artifact, "artifact"),
-            expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts), kind=kind,
-            release_files=tuple(release or ()),
-        )
+        uris = InputUris(source=_check_local(source, "source"), artifact=_check_local(artifact, "artifact"),
+                         release_files=tuple(path.resolve().as_uri() for path in release or ()))
+        request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts), kind=kind)
         chosen_policy = load_policy(policy)
         store = ContentStore(cache_dir or default_cache())
+        install_log_redaction()
         bars = _ProgressBars()
         with bars.progress:
-            result = verify(request, chosen_policy, store, FetchPolicy(), bars)
-    except (UsageError, SourceUnavailableError) as exc:
+            result = fetch_and_verify(request, uris, chosen_policy, CLI_FETCH_POLICY, store, bars)
+    except (UsageError, SourceUnavailableError, TransientFetchError) as exc:
         stderr.print(f"convgate: {exc}", markup=False, highlight=False)
         raise typer.Exit(EXIT_CANNOT_RUN) from exc
     document = result.model_dump_json(indent=2)

@@ -1,8 +1,10 @@
 """The verification engine: a request and a policy in, a `Report` out. No HTTP server, no SQL, no printing.
 
-Order matters: fetch by digest, check the digest, validate structure with our own parser and open
-the source strictly, and only then let gates (and so gguf-py, llama.cpp, transformers) near the
-files. A requested gate that cannot run is a blocker, so GO never claims more than was run.
+The engine is a pure function of local files: fetching by URI happens at the edge (`edge/`), which
+hands over paths and the (redacted) URI the report names the artifact by. Order matters: check the
+digest, validate structure with our own parser and open the source strictly, and only then let gates
+(and so gguf-py, llama.cpp, transformers) near the files. A requested gate that cannot run is a
+blocker, so GO never claims more than was run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from pathlib import Path
 from worker.blockers import Blocker
 from worker.digests import digest_tree, sha256_file
 from worker.errors import ConvgateError
-from worker.fetch import ContentStore, FetchError, FetchPolicy, fetch_artifact, fetch_source
 from worker.gates.release import run_release_gate
 from worker.gates.runtime import RuntimeMeasurements, model_kind, run_runtime_gate
 from worker.gates.storage import open_source_or_blocker, run_storage_gate, validate_structure
@@ -40,13 +41,26 @@ class SourceUnavailableError(ConvgateError):
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyRequest:
-    source_uri: str
-    artifact_uri: str
+    """What to check and how."""
+
     expected_sha256: str | None = None
     gates: frozenset[int] = frozenset({1, 2, 3})
     texts: tuple[str, ...] | None = None
     kind: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalInputs:
+    """Where the bytes are: local paths, and the URI the report names the artifact by."""
+
+    source: Path
+    artifact: Path
+    artifact_uri: str | None = None  # default: the artifact's file:// URI
     release_files: tuple[Path, ...] = ()
+
+    @property
+    def artifact_name(self) -> str:
+        return self.artifact_uri or self.artifact.absolute().as_uri()
 
 
 def environment() -> dict[str, str]:
@@ -94,25 +108,24 @@ class _Run:
         )
 
 
-def verify(
-    request: VerifyRequest, policy: Policy, store: ContentStore, fetch_policy: FetchPolicy | None = None,
-    progress: Progress = no_progress,
-) -> Report:
-    """Run the requested gates. GO needs zero blockers and every requested gate to have run."""
+def unfetched(request: VerifyRequest, policy: Policy, blocker: Blocker) -> Report:
+    """The NO-GO for an artifact the edge could not fetch for a definitive reason (404, refused, digest)."""
     run = _Run(request)
-    fetch_policy = fetch_policy or FetchPolicy()
-    try:
-        source_dir = fetch_source(request.source_uri, store, fetch_policy)
-    except FetchError as exc:
-        raise SourceUnavailableError(exc.why) from exc
-    try:
-        artifact = fetch_artifact(request.artifact_uri, request.expected_sha256, store, fetch_policy,
-                                  lambda done, total: progress("download", done, total))
-    except FetchError as exc:
-        run.stop_all(Blocker(code=exc.code, gate="input", why=exc.why), "artifact not fetched")
-        return run.report(policy)
+    run.stop_all(blocker, "artifact not fetched")
+    return run.report(policy)
+
+
+def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress = no_progress) -> Report:
+    """Run the requested gates on local files. GO needs zero blockers and every requested gate to have run."""
+    run = _Run(request)
+    source_dir, artifact = inputs.source, inputs.artifact
+    if not source_dir.is_dir():
+        raise SourceUnavailableError(f"{source_dir} is not a directory")
+    if not artifact.is_file():
+        return unfetched(request, policy, Blocker(code="artifact.unreadable", gate="input",
+                                                  why=f"{artifact} is not a readable file"))
     sha = sha256_file(artifact, lambda done, total: progress("sha256", done, total))
-    run.artifact = FileDigest(uri=request.artifact_uri, sha256=sha, size=artifact.stat().st_size)
+    run.artifact = FileDigest(uri=inputs.artifact_name, sha256=sha, size=artifact.stat().st_size)
     run.files = [run.artifact, *digest_tree(source_dir)]
     run.timings["fetch_and_digest"] = time.perf_counter() - run.started
     if request.expected_sha256 is not None and request.expected_sha256.lower() != sha:
@@ -143,8 +156,8 @@ def verify(
     if 3 in request.gates:
         sentence = sentence_config(source)
         kind = measured.kind if measured else model_kind(source, sentence, request.kind)
-        result, blockers, package = run_release_gate(artifact, request.artifact_uri, sha, layout, sentence,
-                                                     measured, kind, request.release_files)
+        result, blockers, package = run_release_gate(artifact, inputs.artifact_name, sha, layout, sentence,
+                                                     measured, kind, inputs.release_files)
         run.record(result, blockers)
         run.files[1:1] = package[1:]
         if measured is None:
@@ -152,4 +165,4 @@ def verify(
     return run.report(policy)
 
 
-__all__ = ["SourceUnavailableError", "VerifyRequest", "environment", "verify"]
+__all__ = ["LocalInputs", "SourceUnavailableError", "VerifyRequest", "environment", "unfetched", "verify"]

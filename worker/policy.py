@@ -55,7 +55,7 @@ class Policy(BaseModel):
         return self.runtime[precision]
 
     def sha256(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(json.loads(self.model_dump_json()), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -64,7 +64,7 @@ def load_policy(path: Path | None) -> Policy:
     if path is None:
         return Policy()
     try:
-        return Policy.model_validate_json(path.read_text(encoding="utf-8"))
+        return Policy.model_validate_json(path.read_bytes())  # pydantic decodes (and checks) the UTF-8
     except OSError as exc:
         raise UsageError(f"cannot read policy {path}: {exc.strerror or exc}") from exc
     except ValidationError as exc:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from worker.blockers import Blocker
+from worker.blockers import Blocker, safe_text
 
 CheckKind = Literal["bit-exact", "reproduced", "bounded"]
 
@@ -58,8 +58,22 @@ class FileDigest(BaseModel):
     size: int
 
 
+def printable(value: Any) -> Any:
+    """`value` with every string (dict keys too) safe to encode as UTF-8: GGUF strings that were not
+    valid UTF-8 are kept with surrogate escapes for comparison, and written as backslash escapes."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable(v) for v in value]
+    return value
+
+
 class Report(BaseModel):
-    """The JSON report. `verdict` is GO only when `blockers` is empty and every requested gate ran."""
+    """The JSON report. `verdict` is GO only when `blockers` is empty and every requested gate ran.
+
+    It always serialises: free-form details may hold strings read from hostile files."""
 
     verdict: Literal["GO", "NO-GO"]
     blockers: list[Blocker]
@@ -70,3 +84,7 @@ class Report(BaseModel):
     not_verified: list[str]
     environment: dict[str, str]
     timings: dict[str, float]
+
+    @model_serializer(mode="wrap")
+    def _printable(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return printable(handler(self))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from worker.blockers import safe_text
 from worker.report import Report
 
 MAX_BLOCKERS_SHOWN = 20
@@ -88,4 +89,4 @@ def render_summary(report: Report) -> str:
     lines.append("not verified:")
     lines.extend(f"  - {item}" for item in report.not_verified)
     lines.append(report.verdict)
-    return "\n".join(lines)
+    return safe_text("\n".join(lines))

@@ -5,15 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from service.api import endpoints, queue_page
+from service.api import access_log, endpoints, errors, queue_page
+from service.api.deps import get_principal
+from service.api.limits import BodyLimitMiddleware
+from service.auth import OPERATE
 from service.config import Settings
 from service.metrics import make_registry
-from service.persistence.db import make_engine, session_factory
+from service.persistence.db import make_engine, session_factory, transaction
 
 
 def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
@@ -42,7 +45,10 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
     app.state.session_factory = factory
     app.state.engine = engine
     app.include_router(endpoints.router)
+    app.include_router(access_log.router)
     app.include_router(queue_page.router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    errors.install(app)
     registry = make_registry(factory)
 
     @app.get("/healthz", response_class=PlainTextResponse)
@@ -58,8 +64,15 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
             return PlainTextResponse(f"database not ready: {type(exc).__name__}", status_code=503)
         return PlainTextResponse("ready")
 
-    @app.get("/metrics")
-    def metrics() -> Response:
+    @app.get("/metrics", response_class=PlainTextResponse, responses={
+        401: errors.ERRORS[401], 403: errors.ERRORS[403]})
+    def metrics(request: Request) -> Response:
+        """Prometheus text format; with metrics_public off, an operator's or admin's bearer token."""
+        if not settings.metrics_public:
+            with transaction(factory) as session:
+                principal = get_principal(request, session)
+            if principal.role not in OPERATE:
+                raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {principal.role} may not read metrics")
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

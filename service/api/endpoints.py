@@ -3,41 +3,65 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from service import verifications
+from service.api import access_log
+from service.api.cursors import check_verification_cursor
 from service.api.deps import Principal, SessionDep, SettingsDep, require
-from service.auth import CANCEL, OPERATE, READ_OWN_OR_ANY, SUBMIT, Role
+from service.api.errors import ERRORS
+from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT
 from service.persistence import repository
 from service.persistence.models import Verification
 from service.report_render import to_html, to_markdown
-from service.schemas import EventOut, QueueItem, QueueOut, SubmitRequest, VerificationList, VerificationOut
+from service.schemas import (
+    PRINTABLE,
+    SHA256,
+    UUID_PATTERN,
+    EventOut,
+    Moment,
+    QueueItem,
+    QueueOut,
+    SubmitRequest,
+    VerificationList,
+    VerificationOut,
+)
+from service.states import State
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERRORS)
+VerificationId = Annotated[str, Path(pattern=UUID_PATTERN, description="a verification's id (a UUID)")]
+FilterText = Annotated[str | None, Query(max_length=4096, pattern=PRINTABLE)]
+REPORT_TYPES = {"application/json": {"schema": {"type": "object"}}, "text/markdown": {"schema": {"type": "string"}},
+                "text/html": {"schema": {"type": "string"}}}
 
 
 def _visible(session: SessionDep, verification_id: str, principal: Principal) -> Verification:
     verification = repository.get_verification(session, verification_id)
-    if verification is None or (principal.role == Role.SUBMITTER and verification.submitted_by != principal.name):
+    if verification is None or (principal.role in OWN_ONLY and verification.submitted_by != principal.name):
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such verification")
     return verification
 
 
-@router.post("/verifications", status_code=status.HTTP_202_ACCEPTED, response_model=VerificationOut)
+@router.post("/verifications", status_code=status.HTTP_202_ACCEPTED, response_model=VerificationOut,
+             responses={200: {"model": VerificationOut, "description": "a repeat of an Idempotency-Key"},
+                        409: {"model": ERRORS[400]["model"], "description": "Idempotency-Key used for another"}})
 def create_verification(
     body: SubmitRequest, response: Response, session: SessionDep, settings: SettingsDep,
     principal: Annotated[Principal, require(SUBMIT)],
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200, pattern=PRINTABLE)] = None,
 ) -> VerificationOut:
     try:
-        verification, created = verifications.submit(session, settings, principal.name, body, idempotency_key)
+        verification, created = verifications.submit(session, settings, principal.name, body, idempotency_key,
+                                                      may_author_policies=principal.role in AUTHOR_POLICIES)
         # Commit here, in the request's own thread, not in the dependency's teardown: concurrent
         # duplicates wait on this row's unique-index lock, and a teardown queued behind them for a
         # threadpool slot would deadlock until the pool times out.
         session.commit()
+    except verifications.PolicyRefusedError as exc:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, str(exc)) from exc
     except verifications.SubmissionError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
     except verifications.IdempotencyConflictError as exc:
@@ -49,60 +73,79 @@ def create_verification(
 
 
 @router.get("/verifications/{verification_id}", response_model=VerificationOut)
-def read_verification(verification_id: str, session: SessionDep,
+def read_verification(verification_id: VerificationId, request: Request, session: SessionDep,
                       principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> VerificationOut:
-    return verifications.to_out(session, _visible(session, verification_id, principal))
+    verification = _visible(session, verification_id, principal)
+    access_log.record(session, request, principal, "read_verification", verification.id)
+    return verifications.to_out(session, verification)
 
 
 @router.get("/verifications", response_model=VerificationList)
 def list_verifications(
-    session: SessionDep, principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
-    artifact_sha256: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$")] = None,
-    source_uri: str | None = None,
+    request: Request, session: SessionDep, principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
+    artifact_sha256: Annotated[str | None, Query(pattern=SHA256)] = None,
+    source_uri: FilterText = None,
     verdict: Literal["GO", "NO-GO"] | None = None,
-    state: str | None = None,
-    submitted_by: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    state: State | None = None,
+    submitted_by: Annotated[str | None, Query(max_length=128, pattern=PRINTABLE)] = None,
+    policy_origin: Annotated[Literal["configured", "inline", "unrecorded"] | None, Query(
+        description="configured: held to a policy the operator configured; inline: to a caller's own")] = None,
+    policy: Annotated[str | None, Query(max_length=63, pattern=PRINTABLE,
+                                        description="the name of a configured policy")] = None,
+    since: Moment | None = None,
+    until: Moment | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: Annotated[str | None, Query(max_length=256)] = None,
 ) -> VerificationList:
-    if principal.role == Role.SUBMITTER:
+    if principal.role in OWN_ONLY:
         submitted_by = principal.name
-    filters = repository.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until)
-    try:
-        rows, next_cursor = repository.list_verifications(session, filters, limit=limit, cursor=cursor)
-    except ValueError as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, "invalid cursor") from exc
+    filters = repository.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
+                                     policy_origin=policy_origin, policy=policy)
+    rows, next_cursor = repository.list_verifications(session, filters, limit=limit,
+                                                      cursor=check_verification_cursor(cursor))
+    access_log.record(session, request, principal, "list_verifications")
     items = [verifications.to_out(session, row, with_blockers=False) for row in rows]
     return VerificationList(items=items, next_cursor=next_cursor)
 
 
-@router.get("/verifications/{verification_id}/report", response_model=None)
-def read_report(verification_id: str, request: Request, session: SessionDep,
-                principal: Annotated[Principal, require(READ_OWN_OR_ANY)]):
+def _served_report(verification: Verification, report: dict[str, Any]) -> dict[str, Any]:
+    """The stored report is immutable; what is served adds where its thresholds came from."""
+    policy = report.get("policy")
+    if not isinstance(policy, dict):
+        return report
+    return {**report, "policy": {**policy, "origin": verification.policy_origin}}
+
+
+@router.get("/verifications/{verification_id}/report", response_model=None,
+            responses={200: {"description": "the report: JSON, or by Accept text/markdown or text/html",
+                             "content": REPORT_TYPES}})
+def read_report(verification_id: VerificationId, request: Request, session: SessionDep,
+                principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Any:
     verification = _visible(session, verification_id, principal)
     verdict = repository.verdict_for(session, verification.id)
     if verdict is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no verdict yet (state {verification.state})")
+    access_log.record(session, request, principal, "read_report", verification.id)
     accept = request.headers.get("accept", "application/json")
+    origin = verification.policy_origin
     if "text/markdown" in accept:
-        return PlainTextResponse(to_markdown(verification.id, verdict.report), media_type="text/markdown")
+        return PlainTextResponse(to_markdown(verification.id, verdict.report, origin), media_type="text/markdown")
     if "text/html" in accept:
-        return HTMLResponse(to_html(verification.id, verdict.report))
-    return verdict.report
+        return HTMLResponse(to_html(verification.id, verdict.report, origin))
+    return _served_report(verification, verdict.report)
 
 
 @router.get("/verifications/{verification_id}/events", response_model=list[EventOut])
-def read_events(verification_id: str, session: SessionDep,
+def read_events(verification_id: VerificationId, request: Request, session: SessionDep,
                 principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> list[EventOut]:
     _visible(session, verification_id, principal)
+    access_log.record(session, request, principal, "read_events", verification_id)
     return [EventOut(at=repository.as_utc(e.at), from_state=e.from_state, to_state=e.to_state, attempt=e.attempt,
                      message=e.message) for e in repository.events(session, verification_id)]
 
 
 @router.post("/verifications/{verification_id}/cancel", response_model=VerificationOut)
-def cancel_verification(verification_id: str, session: SessionDep,
+def cancel_verification(verification_id: VerificationId, session: SessionDep,
                         principal: Annotated[Principal, require(CANCEL)]) -> VerificationOut:
     verification = _visible(session, verification_id, principal)
     return verifications.to_out(session, verifications.cancel(session, verification, principal.name))

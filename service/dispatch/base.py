@@ -14,10 +14,7 @@ class WorkerExit:
     verification_id: str
     attempt: int  # the attempt this worker was launched for
     reason: str  # e.g. "exit code 1", "killed by signal 9", "Job failed: DeadlineExceeded"
-    clean: bool  # exit code 0: the worker recorded its own outcome
-    # one launch may start several workers (a Job's pod preempted and started again): the exit is the
-    # current attempt's when the verification's worker name starts with this prefix
-    worker_prefix: str | None = None
+    clean: bool  # exit code 0: the worker recorded its own outcome (ending the attempt is then a no-op)
 
 
 class Dispatcher(Protocol):
@@ -28,7 +25,8 @@ class Dispatcher(Protocol):
         """How many more verifications may start now."""
 
     def launch(self, verification_id: str, attempt: int) -> None:
-        """Start `convgate worker run --verification-id ID` somewhere, for attempt number `attempt`."""
+        """Start `convgate worker run --verification-id ID --attempt N` somewhere: the worker may start
+        only that attempt (the number the claim assigned)."""
 
     def reap(self) -> list[WorkerExit]:
         """Workers that ended since the last call."""

@@ -1,5 +1,5 @@
 """The embedded dispatcher: a bounded pool of local worker processes running the same entrypoint a
-Kubernetes Job runs, `convgate worker run --verification-id ID`."""
+Kubernetes Job runs, `convgate worker run --verification-id ID --attempt N`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from service.config import Settings
 from service.dispatch.base import WorkerExit
 
 WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_hosts", "allow_private_addresses",
-                   "trusted_hosts", "hf_endpoint", "lease_seconds", "max_attempts")
+                   "trusted_hosts", "hf_endpoint", "lease_seconds", "max_attempts", "file_roots", "fetch_attempts",
+                   "fetch_backoff_seconds", "fetch_max_backoff_seconds")
 
 
 def worker_environment(settings: Settings) -> dict[str, str]:
@@ -56,7 +57,7 @@ class LocalPool:
     def launch(self, verification_id: str, attempt: int) -> None:
         self.attempts[verification_id] = attempt
         command = [sys.executable, "-m", "service.cli", "worker", "run", "--verification-id", verification_id,
-                   "--worker-name", f"{self.identity}/{verification_id[:8]}"]
+                   "--attempt", str(attempt), "--worker-name", f"{self.identity}/{verification_id[:8]}"]
         self.processes[verification_id] = subprocess.Popen(
             command, env=worker_environment(self.settings), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

@@ -10,11 +10,11 @@ from datetime import timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
-from service.dispatch.base import Dispatcher
+from service.dispatch.base import Dispatcher, WorkerExit
 from service.dispatch.local import LocalPool
+from service.lifecycle import IN_FLIGHT, Reason, State
 from service.persistence import repository
 from service.persistence.db import transaction
-from service.states import State
 from worker.errors import ConvgateError
 
 log = logging.getLogger("convgate.dispatch")
@@ -36,6 +36,7 @@ class DispatchLoop:
         self.settings = settings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._exits: list[WorkerExit] = []  # reaped, not yet recorded
 
     @classmethod
     def for_settings(cls, settings: Settings, factory: sessionmaker[Session]) -> DispatchLoop:
@@ -59,31 +60,32 @@ class DispatchLoop:
         self._launch()
 
     def _reap(self) -> None:
-        for worker_exit in self.dispatcher.reap():
+        """End each exited worker's own attempt (a fenced write: a newer attempt is untouched). An exit
+        that could not be recorded (e.g. the database was locked) is kept for the next tick, not lost."""
+        self._exits.extend(self.dispatcher.reap())
+        while self._exits:
+            worker_exit = self._exits[0]
             with transaction(self.factory) as session:
-                verification = repository.get_verification(session, worker_exit.verification_id)
-                if verification is None or verification.state not in (State.DISPATCHED, State.RUNNING):
-                    continue
-                attempt: int | None = worker_exit.attempt
-                if (worker_exit.worker_prefix and verification.state == State.RUNNING
-                        and (verification.worker or "").startswith(worker_exit.worker_prefix)):
-                    attempt = verification.attempt  # the launch's worker, restarted after a preemption
                 state = repository.end_attempt_without_verdict(
-                    session, verification.id, attempt, f"worker ended without a verdict ({worker_exit.reason})")
-                log.warning("verification %s: worker %s -> %s", verification.id, worker_exit.reason, state)
+                    session, worker_exit.verification_id, worker_exit.attempt, Reason.WORKER_EXITED,
+                    f"worker ended without a verdict ({worker_exit.reason})")
+            self._exits.pop(0)
+            log.info("verification %s: worker of attempt %s %s -> %s", worker_exit.verification_id,
+                     worker_exit.attempt, worker_exit.reason, state)
 
     def _reconcile(self, session: Session, active: set[str]) -> None:
+        lease = timedelta(seconds=self.settings.lease_seconds)
         for verification in repository.active(session, limit=10_000):
-            if verification.id in active:
-                continue
-            lost = self.dispatcher.owns_dead(verification.worker)
-            if verification.state in (State.DISPATCHED, State.RUNNING) and lost:
-                repository.end_attempt_without_verdict(session, verification.id, None,
+            if verification.id not in active and verification.state in IN_FLIGHT and \
+                    self.dispatcher.owns_dead(verification.worker):
+                repository.end_attempt_without_verdict(session, verification.id, verification.attempt,
+                                                       Reason.DISPATCHER_RESTARTED,
                                                        "its dispatcher restarted and the worker is gone")
-        for verification in repository.stale_attempts(session, timedelta(seconds=self.settings.lease_seconds)):
-            if verification.id not in active:
-                repository.end_attempt_without_verdict(session, verification.id, None, "heartbeat lost")
-        for verification_id in active:
+        for verification in repository.stale_attempts(session, lease):
+            if verification.id not in active:  # the write re-checks the lease: a heartbeat that landed wins
+                repository.end_attempt_without_verdict(session, verification.id, verification.attempt,
+                                                       Reason.HEARTBEAT_LOST, "heartbeat lost", lease=lease)
+        for verification_id in sorted(active):
             current = repository.get_verification(session, verification_id)
             if current is not None and current.state == State.CANCELLED:
                 self.dispatcher.cancel(verification_id)
@@ -93,7 +95,7 @@ class DispatchLoop:
         if not capacity:
             return
         with transaction(self.factory) as session:
-            claimed = [(v.id, v.attempt + 1) for v in
+            claimed = [(v.id, v.attempt) for v in
                        repository.claim_queued(session, capacity, self.dispatcher.identity)]
         for verification_id, attempt in claimed:
             try:
@@ -101,7 +103,8 @@ class DispatchLoop:
             except ConvgateError as exc:
                 log.warning("could not start %s: %s", verification_id, exc)
                 with transaction(self.factory) as session:
-                    repository.undispatch(session, verification_id, str(exc), getattr(exc, "cluster_status", None))
+                    repository.undispatch(session, verification_id, attempt, str(exc),
+                                          getattr(exc, "cluster_status", None))
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -1,32 +1,47 @@
-"""Engines and sessions. SQLite gets foreign keys, WAL and a busy timeout so the embedded default
-behaves like a real database under a few concurrent writers."""
+"""Engines and sessions. SQLite (the embedded default) gets real transactions: pysqlite's own
+transaction handling is switched off and every transaction starts with BEGIN IMMEDIATE (the recipe
+in SQLAlchemy's pysqlite notes), so the write lock is held from a transaction's first statement
+and a read-then-write inside it is fenced; plus foreign keys, WAL and a busy timeout, so writers
+wait for each other instead of failing at once."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 
-def make_engine(url: str) -> Engine:
+
+def _sqlite_engine(url: str, busy_timeout_seconds: float) -> Engine:
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_seconds, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy, not pysqlite, says when a transaction starts
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS) -> Engine:
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_connection, _record) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
-        return engine
+        return _sqlite_engine(url, busy_timeout_seconds)
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
 

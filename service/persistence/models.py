@@ -47,12 +47,15 @@ class Verification(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     policy: Mapped[dict[str, Any]] = mapped_column(JSON)
     policy_sha256: Mapped[str] = mapped_column(String(64))
+    # "configured:<name>" or "inline" (revision 0005; older rows "unrecorded")
+    policy_origin: Mapped[str] = mapped_column(String(80), server_default="unrecorded", index=True)
     state: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer, default=0)  # every worker start; fences writes
     failed_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # what max_attempts limits
     max_attempts: Mapped[int] = mapped_column(Integer)
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     reason: Mapped[str | None] = mapped_column(Text)
+    reason_code: Mapped[str | None] = mapped_column(String(32))  # a lifecycle.Reason (revision 0004)
     worker: Mapped[str | None] = mapped_column(String(200))
     cluster_status: Mapped[str | None] = mapped_column(Text)
     queue_position: Mapped[int | None] = mapped_column(Integer)
@@ -62,6 +65,8 @@ class Verification(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # sha256 of the current claim's per-attempt worker secret (revision 0006); never the secret itself
+    attempt_secret_sha256: Mapped[str | None] = mapped_column(String(64))
 
 
 class VerificationEvent(Base):
@@ -74,6 +79,7 @@ class VerificationEvent(Base):
     to_state: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int] = mapped_column(Integer)
     message: Mapped[str] = mapped_column(Text)
+    reason_code: Mapped[str | None] = mapped_column(String(32))  # a lifecycle.Reason (revision 0004)
 
 
 class Verdict(Base):
@@ -119,3 +125,44 @@ class FileDigestRecord(Base):
     uri: Mapped[str] = mapped_column(Text)
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     size: Mapped[int] = mapped_column(BigInteger)
+
+
+class AccessLogRecord(Base):
+    """Who read what (revision 0005): append-only, like the events."""
+
+    __tablename__ = "access_log"
+    __table_args__ = (
+        Index("ix_access_log_verification", "verification_id", "id"),
+        Index("ix_access_log_principal", "principal", "id"),
+        Index("ix_access_log_at", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    principal: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(32))
+    verification_id: Mapped[str | None] = mapped_column(String(36))
+    path: Mapped[str] = mapped_column(Text)
+    query: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class WorkerReport(Base):
+    """What a restricted worker reported through the SQL functions of revision 0006 (an outbox): the
+    control plane applies each one through the repository, which alone decides what it may change."""
+
+    __tablename__ = "worker_reports"
+    __table_args__ = (
+        UniqueConstraint("verification_id", "attempt", "kind", "worker", name="uq_worker_reports_one_per_kind"),
+        Index("ix_worker_reports_pending", "applied_at", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
+    verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # start, heartbeat, verdict, end
+    worker: Mapped[str] = mapped_column(String(200))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    applied_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[str | None] = mapped_column(String(16))  # accepted, refused, invalid

@@ -13,8 +13,11 @@ from typing import Any, cast, overload
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
+from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
 from service.persistence.models import (
+    AccessLogRecord,
     ApiToken,
     FileDigestRecord,
     GateResultRow,
@@ -23,7 +26,6 @@ from service.persistence.models import (
     Verification,
     VerificationEvent,
 )
-from service.states import State, check_transition
 
 
 def now() -> datetime:
@@ -67,10 +69,10 @@ def list_tokens(session: Session) -> list[ApiToken]:
 
 # --- verifications --------------------------------------------------------------------------
 
-def _event(session: Session, verification: Verification, from_state: str | None, to_state: State,
-           message: str) -> None:
-    session.add(VerificationEvent(verification_id=verification.id, at=now(), from_state=from_state,
-                                  to_state=to_state, attempt=verification.attempt, message=message))
+def _event(session: Session, verification_id: str, from_state: str | None, to_state: str, attempt: int,
+           reason: Reason | None, message: str) -> None:
+    session.add(VerificationEvent(verification_id=verification_id, at=now(), from_state=from_state,
+                                  to_state=to_state, attempt=attempt, message=message, reason_code=reason))
 
 
 def insert_verification(session: Session, *, submitted_by: str, idempotency_key: str | None, request_sha256: str,
@@ -86,7 +88,7 @@ def insert_verification(session: Session, *, submitted_by: str, idempotency_key:
     )
     session.add(verification)
     session.flush()
-    _event(session, verification, None, State.QUEUED, "submitted")
+    _event(session, verification.id, None, State.QUEUED, 0, Reason.SUBMITTED, "submitted")
     session.flush()
     return verification
 
@@ -96,21 +98,9 @@ def by_idempotency_key(session: Session, submitted_by: str, key: str) -> Verific
                                                      Verification.idempotency_key == key))
 
 
-def get_verification(session: Session, verification_id: str, *, for_update: bool = False) -> Verification | None:
-    query = select(Verification).where(Verification.id == verification_id)
-    return session.scalar(query.with_for_update() if for_update else query)
-
-
-def transition(session: Session, verification: Verification, target: State, message: str, **values: Any) -> None:
-    """Move to `target` if the lifecycle allows it, recording an event."""
-    check_transition(verification.state, target)
-    previous = verification.state
-    verification.state = target
-    verification.updated_at = now()
-    for key, value in values.items():
-        setattr(verification, key, value)
-    _event(session, verification, previous, target, message)
-    session.flush()
+def get_verification(session: Session, verification_id: str) -> Verification | None:
+    """The row as the database has it now (not a stale copy from this session's identity map)."""
+    return session.get(Verification, verification_id, populate_existing=True)
 
 
 def events(session: Session, verification_id: str) -> list[VerificationEvent]:
@@ -127,6 +117,8 @@ class ListFilters:
     submitted_by: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    policy_origin: str | None = None  # "configured" or "inline" (access log / policy origin, revision 0005)
+    policy: str | None = None  # a configured policy's name
 
 
 def encode_cursor(verification: Verification) -> str:
@@ -154,6 +146,7 @@ def list_verifications(session: Session, filters: ListFilters, *, limit: int,
         conditions.append(Verification.created_at >= filters.since)
     if filters.until is not None:
         conditions.append(Verification.created_at < filters.until)
+    conditions += policy_conditions(filters.policy_origin, filters.policy)
     if cursor is not None:
         created, ident = decode_cursor(cursor)
         conditions.append(or_(Verification.created_at < created,
@@ -164,53 +157,118 @@ def list_verifications(session: Session, filters: ListFilters, *, limit: int,
     return rows[:limit], next_cursor
 
 
-# --- dispatch and attempts --------------------------------------------------------------------
+# --- the lifecycle: every state change is one conditional write (service/lifecycle.py) ---------
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What the caller holds: the values the transition's guards compare against."""
+
+    attempt: int | None = None
+    worker: str | None = None
+    lease: timedelta | None = None
+
+
+def _required(value: Any, guard: Guard) -> Any:
+    if value is None:
+        raise ValueError(f"the {guard} guard needs a value")
+    return value
+
+
+def _guard(guard: Guard, fence: Fence) -> ColumnElement[bool]:
+    failed_after = Verification.failed_attempts + 1
+    if guard == Guard.ATTEMPT:
+        return Verification.attempt == _required(fence.attempt, guard)
+    if guard == Guard.WORKER:
+        return Verification.worker == _required(fence.worker, guard)
+    if guard == Guard.ATTEMPTS_LEFT:
+        return Verification.failed_attempts < Verification.max_attempts
+    if guard == Guard.RETRY_LEFT:
+        return failed_after < Verification.max_attempts
+    if guard == Guard.NO_RETRY_LEFT:
+        return failed_after >= Verification.max_attempts
+    cutoff = now() - _required(fence.lease, guard)  # Guard.LEASE_EXPIRED
+    return func.coalesce(Verification.heartbeat_at, Verification.updated_at) < cutoff
+
+
+def _state(session: Session, verification_id: str) -> str | None:
+    return session.scalar(select(Verification.state).where(Verification.id == verification_id))
+
+
+def _apply(session: Session, action: Action, verification_id: str, *, fence: Fence = Fence(),
+           reason: Reason | None = None, message: str = "", detail: str | None = None,
+           **values: Any) -> Verification | None:
+    """Try `action`: one UPDATE fenced by the state it was read in and the action's guards, plus its
+    event. None when the lifecycle or a guard refuses (someone else won); the row never changes then.
+    `detail` (with `reason`) becomes what operators see as the verification's reason."""
+    transition = TRANSITIONS[action]
+    changes: dict[str, Any] = {"state": transition.target, "updated_at": now(), **values}
+    if transition.counts_failure:
+        changes["failed_attempts"] = Verification.failed_attempts + 1
+    if detail is not None:
+        changes |= {"reason": detail, "reason_code": reason}
+    guards = [_guard(guard, fence) for guard in sorted(transition.guards)]
+    observed = _state(session, verification_id)
+    while observed is not None and observed in transition.sources:
+        statement = (update(Verification).where(Verification.id == verification_id, Verification.state == observed,
+                                                *guards).values(changes)
+                     .execution_options(synchronize_session=False))
+        if cast(CursorResult, session.execute(statement)).rowcount == 1:
+            verification = cast(Verification, get_verification(session, verification_id))
+            if transition.event:
+                _event(session, verification_id, observed, transition.target, verification.attempt, reason, message)
+                session.flush()
+            return verification
+        current = _state(session, verification_id)
+        if current == observed:
+            return None  # a guard refused
+        observed = current  # another writer moved it first: try again from where it is now
+    return None
+
+
+def claim(session: Session, verification_id: str, worker: str) -> Verification | None:
+    """The dispatcher takes a queued verification: the next attempt number is assigned now, and the
+    heartbeat restarts, so the lease counts from this dispatch."""
+    moment = now()
+    return _apply(session, Action.CLAIM, verification_id, reason=Reason.DISPATCHED, message=f"dispatched to {worker}",
+                  attempt=Verification.attempt + 1, worker=worker, heartbeat_at=moment, progress=None)
+
 
 def claim_queued(session: Session, limit: int, worker: str) -> list[Verification]:
-    """Queued verifications handed to a dispatcher; SKIP LOCKED lets several dispatchers share a queue."""
-    query = (select(Verification).where(Verification.state == State.QUEUED)
+    """Oldest queued verifications for a dispatcher; SKIP LOCKED lets several dispatchers share a queue."""
+    query = (select(Verification.id).where(Verification.state == State.QUEUED)
              .order_by(Verification.created_at, Verification.id).limit(limit))
     if session.bind is not None and session.bind.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    claimed = list(session.scalars(query))
-    for verification in claimed:
-        transition(session, verification, State.DISPATCHED, f"dispatched to {worker}", worker=worker)
-    return claimed
+    claimed = [claim(session, verification_id, worker) for verification_id in session.scalars(query)]
+    return [verification for verification in claimed if verification is not None]
 
 
-def start_attempt(session: Session, verification_id: str, worker: str) -> Verification | None:
-    """A worker claims the next attempt; None when there is nothing to run (finished or cancelled)."""
-    verification = get_verification(session, verification_id, for_update=True)
-    if verification is None or verification.state not in (State.QUEUED, State.DISPATCHED, State.RUNNING):
-        return None
+def start_attempt(session: Session, verification_id: str, worker: str, *, attempt: int) -> Verification | None:
+    """A worker takes exactly the attempt it was launched for; None when that attempt is not the one
+    waiting to start (an older or newer one, already started, cancelled, finished)."""
     moment = now()
-    # a RUNNING verification is taken over from a worker that stopped without an outcome (its pod was
-    # preempted or evicted and started again): a new attempt number for fencing, not a failed attempt
-    replaces = f" (attempt {verification.attempt} was interrupted)" if verification.state == State.RUNNING else ""
-    transition(session, verification, State.RUNNING,
-               f"attempt {verification.attempt + 1} started by {worker}{replaces}",
-               attempt=verification.attempt + 1, worker=worker, started_at=moment, heartbeat_at=moment,
-               progress=None)
-    return verification
+    return _apply(session, Action.START, verification_id, fence=Fence(attempt=attempt), reason=Reason.STARTED,
+                  message=f"attempt {attempt} started by {worker}", worker=worker, started_at=moment,
+                  heartbeat_at=moment, progress=None)
 
 
-def heartbeat(session: Session, verification_id: str, attempt: int, progress: dict[str, Any] | None) -> bool:
-    """Record liveness and progress; False when this attempt is no longer the current one."""
-    result = session.execute(
-        update(Verification)
-        .where(Verification.id == verification_id, Verification.attempt == attempt,
-               Verification.state == State.RUNNING)
-        .values(heartbeat_at=now(), progress=progress, updated_at=now())
-    )
-    return cast(CursorResult, result).rowcount == 1
+def heartbeat(session: Session, verification_id: str, attempt: int, progress: dict[str, Any] | None, *,
+              worker: str) -> bool:
+    """Record liveness and progress; False when this worker's attempt is no longer the current one."""
+    return _apply(session, Action.HEARTBEAT, verification_id, fence=Fence(attempt=attempt, worker=worker),
+                  heartbeat_at=now(), progress=progress) is not None
 
 
-def record_verdict(session: Session, verification_id: str, attempt: int, report: dict[str, Any]) -> bool:
-    """Write the verdict of `attempt`, fenced: a stale attempt (or a cancelled run) writes nothing."""
-    verification = get_verification(session, verification_id, for_update=True)
-    if verification is None or verification.state != State.RUNNING or verification.attempt != attempt:
+def record_verdict(session: Session, verification_id: str, attempt: int, report: dict[str, Any], *,
+                   worker: str) -> bool:
+    """Write the verdict of `attempt`, fenced: a stale attempt, a cancelled or ended run writes nothing.
+    The state change comes first, so the one-verdict constraint is never what stops a second verdict."""
+    verdict_value = report["verdict"]
+    if _apply(session, Action.VERDICT, verification_id, fence=Fence(attempt=attempt, worker=worker),
+              reason=Reason.VERDICT, message=f"verdict {verdict_value} (attempt {attempt})",
+              verdict_result=verdict_value, finished_at=now(), progress=None) is None:
         return False
-    verdict = Verdict(verification_id=verification_id, attempt=attempt, verdict=report["verdict"],
+    verdict = Verdict(verification_id=verification_id, attempt=attempt, verdict=verdict_value,
                       blocker_codes=sorted({b["code"] for b in report["blockers"]}), report=report,
                       created_at=now())
     session.add(verdict)
@@ -226,64 +284,88 @@ def record_verdict(session: Session, verification_id: str, attempt: int, report:
     for digest in report["files"]:
         session.add(FileDigestRecord(verdict_id=verdict.id, uri=digest["uri"], sha256=digest["sha256"],
                                      size=digest["size"]))
-    transition(session, verification, State.COMPLETED, f"verdict {report['verdict']} (attempt {attempt})",
-               verdict_result=report["verdict"], finished_at=now(), progress=None)
+    session.flush()
     return True
 
 
-def end_attempt_without_verdict(session: Session, verification_id: str, attempt: int | None, reason: str) -> str:
-    """An attempt died or errored: retry while attempts remain, else fail with the reason."""
-    verification = get_verification(session, verification_id, for_update=True)
-    if verification is None or verification.state not in (State.DISPATCHED, State.RUNNING):
-        return verification.state if verification else "missing"
-    current = verification.attempt + (1 if verification.state == State.DISPATCHED else 0)
-    if attempt is not None and attempt != current:
-        return verification.state  # a newer attempt owns it
-    if verification.state == State.DISPATCHED:
-        verification.attempt += 1  # the worker died before it could claim: still an attempt
-    verification.failed_attempts += 1
-    counted = f"attempt {verification.attempt} failed ({verification.failed_attempts} of {verification.max_attempts})"
-    if verification.failed_attempts >= verification.max_attempts:
-        transition(session, verification, State.FAILED, f"{counted}: {reason}; no attempts left", reason=reason,
-                   finished_at=now(), progress=None)
-    else:
-        transition(session, verification, State.QUEUED, f"{counted}: {reason}; retrying", reason=reason,
-                   progress=None)
-    return verification.state
+def end_attempt_without_verdict(session: Session, verification_id: str, attempt: int, reason: Reason,
+                                detail: str, *, worker: str | None = None, lease: timedelta | None = None) -> str:
+    """Attempt `attempt` ended without a verdict: retry while attempts remain, else fail with the reason.
+    Noticed by its own `worker`, by the dispatcher after a `lease` without heartbeat, or otherwise by the
+    dispatcher (the worker is gone). Returns the state the verification is in afterwards."""
+    ending = "worker" if worker is not None else "expired" if lease is not None else "lost"
+    fence = Fence(attempt=attempt, worker=worker, lease=lease)
+    retry, last = ENDINGS[ending]
+    for action, outcome in ((retry, "retrying"), (last, "no attempts left")):
+        if _apply(session, action, verification_id, fence=fence, reason=reason, detail=detail,
+                  message=f"attempt {attempt} failed: {detail}; {outcome}", progress=None,
+                  **({"finished_at": now()} if action == last else {})) is not None:
+            return TRANSITIONS[action].target
+    return _state(session, verification_id) or "missing"
 
 
-def fail_permanently(session: Session, verification_id: str, attempt: int, reason: str) -> None:
+def fail_permanently(session: Session, verification_id: str, attempt: int, detail: str, *, worker: str,
+                     reason: Reason = Reason.SOURCE_UNAVAILABLE) -> bool:
     """No verdict is possible (e.g. the source cannot be read): no retry."""
-    verification = get_verification(session, verification_id, for_update=True)
-    if verification is not None and verification.state == State.RUNNING and verification.attempt == attempt:
-        transition(session, verification, State.FAILED, reason, reason=reason, finished_at=now(), progress=None)
+    return _apply(session, Action.GIVE_UP, verification_id, fence=Fence(attempt=attempt, worker=worker),
+                  reason=reason, message=detail, detail=detail, finished_at=now(), progress=None) is not None
+
+
+def fail_unlaunchable(session: Session, verification_id: str, detail: str, message: str) -> bool:
+    """The dispatcher gives up on a queued verification whose worker can never be started (the API
+    server refused its Job for good, repeatedly)."""
+    return _apply(session, Action.REFUSE, verification_id, reason=Reason.DISPATCH_REFUSED, message=message,
+                  detail=detail, finished_at=now(), progress=None) is not None
+
+
+def release_evicted(session: Session, verification_id: str, attempt: int, detail: str, dispatcher: str) -> bool:
+    """Kueue evicted the running `attempt`: it waits for re-admission under the same number, no failure
+    counted; the evicted worker's writes no longer match."""
+    return _apply(session, Action.EVICT, verification_id, fence=Fence(attempt=attempt), reason=Reason.EVICTED,
+                  message=f"{detail}: waiting for re-admission", detail=detail, worker=dispatcher,
+                  heartbeat_at=now(), progress=None) is not None
+
+
+def cancel(session: Session, verification_id: str, by: str) -> Verification | None:
+    """Cancel unless it already ended; returns the verification as it now is (a verdict that was
+    committed first wins, and is what the caller sees)."""
+    cancelled = _apply(session, Action.CANCEL, verification_id, reason=Reason.CANCELLED,
+                       message=f"cancelled by {by}", detail=f"cancelled by {by}", finished_at=now(), progress=None)
+    return cancelled or get_verification(session, verification_id)
 
 
 def stale_attempts(session: Session, lease: timedelta) -> list[Verification]:
     """Running or dispatched verifications whose worker stopped heartbeating."""
     cutoff = now() - lease
     return list(session.scalars(select(Verification).where(
-        Verification.state.in_((State.RUNNING, State.DISPATCHED)),
+        Verification.state.in_(IN_FLIGHT),
         func.coalesce(Verification.heartbeat_at, Verification.updated_at) < cutoff)))
 
 
 def record_cluster_status(session: Session, verification: Verification, status: str, position: int | None) -> None:
-    """What the cluster says (Kueue admission, Job state), with an event whenever it changes."""
-    if verification.cluster_status != status:
-        _event(session, verification, verification.state, State(verification.state), f"cluster: {status}")
-        verification.cluster_status = status
-    verification.queue_position = position
+    """What the cluster says (Kueue admission, Job state), with an event whenever it changes; written
+    only while the verification is still in the state it was read in."""
+    changed = verification.cluster_status != status
+    result = session.execute(update(Verification).where(Verification.id == verification.id,
+                                                        Verification.state == verification.state)
+                             .values(cluster_status=status, queue_position=position)
+                             .execution_options(synchronize_session=False))
+    if cast(CursorResult, result).rowcount == 1 and changed:
+        _event(session, verification.id, verification.state, verification.state, verification.attempt, None,
+               f"cluster: {status}")
     session.flush()
+    get_verification(session, verification.id)
 
 
-def undispatch(session: Session, verification_id: str, reason: str, cluster_status: str | None = None) -> None:
-    """The dispatcher could not start the worker (e.g. the API server refused): back to the queue,
-    without spending an attempt; `reason` (and `cluster_status`) say why, for operators."""
-    verification = get_verification(session, verification_id, for_update=True)
-    if verification is not None and verification.state == State.DISPATCHED:
-        if cluster_status is not None:
-            record_cluster_status(session, verification, cluster_status, None)
-        transition(session, verification, State.QUEUED, f"dispatch failed: {reason}", reason=reason)
+def undispatch(session: Session, verification_id: str, attempt: int, detail: str,
+               cluster_status: str | None = None) -> bool:
+    """The dispatcher could not start `attempt`'s worker (e.g. the API server refused): back to the
+    queue without counting a failure; `detail` (and `cluster_status`) say why, for operators."""
+    verification = get_verification(session, verification_id)
+    if verification is not None and cluster_status is not None:
+        record_cluster_status(session, verification, cluster_status, None)
+    return _apply(session, Action.UNDISPATCH, verification_id, fence=Fence(attempt=attempt),
+                  reason=Reason.DISPATCH_FAILED, message=f"dispatch failed: {detail}", detail=detail) is not None
 
 
 def verdict_for(session: Session, verification_id: str) -> Verdict | None:
@@ -319,3 +401,51 @@ def gate_duration_histogram(session: Session, buckets: tuple[float, ...]) -> dic
         gate, total, seconds, *counts = tuple(row)
         histogram[str(gate)] = ([int(c or 0) for c in counts], int(total), float(seconds or 0.0))
     return histogram
+
+
+# --- policy origin and the access log (revision 0005) ------------------------------------------
+
+def policy_conditions(origin: str | None, name: str | None) -> list[Any]:
+    """Auditor filters on `policy_origin`: "configured" (any configured policy) or "inline"; a name
+    selects one configured policy."""
+    conditions: list[Any] = []
+    if origin == "configured":
+        conditions.append(Verification.policy_origin.startswith("configured:", autoescape=True))
+    elif origin is not None:
+        conditions.append(Verification.policy_origin == origin)
+    if name is not None:
+        conditions.append(Verification.policy_origin == f"configured:{name}")
+    return conditions
+
+
+def record_access(session: Session, *, principal: str, role: str, action: str, path: str,
+                  query: dict[str, Any], verification_id: str | None = None) -> None:
+    session.add(AccessLogRecord(at=now(), principal=principal, role=role, action=action,
+                                verification_id=verification_id, path=path, query=query))
+    session.flush()
+
+
+@dataclass(frozen=True)
+class AccessFilters:
+    principal: str | None = None
+    verification_id: str | None = None
+    action: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def access_log(session: Session, filters: AccessFilters, *, limit: int,
+               before_id: int | None = None) -> tuple[list[AccessLogRecord], int | None]:
+    """Newest first by id; the second value is the id to continue before, None on the last page."""
+    conditions: list[Any] = [column == value for column, value in (
+        (AccessLogRecord.principal, filters.principal), (AccessLogRecord.verification_id, filters.verification_id),
+        (AccessLogRecord.action, filters.action)) if value is not None]
+    if filters.since is not None:
+        conditions.append(AccessLogRecord.at >= filters.since)
+    if filters.until is not None:
+        conditions.append(AccessLogRecord.at < filters.until)
+    if before_id is not None:
+        conditions.append(AccessLogRecord.id < before_id)
+    rows = list(session.scalars(select(AccessLogRecord).where(*conditions).order_by(AccessLogRecord.id.desc())
+                                .limit(limit + 1)))
+    return rows[:limit], (rows[limit - 1].id if len(rows) > limit else None)

@@ -139,8 +139,8 @@ class Scenario:
             **overrides.pop("kube", {}))
         values: dict[str, Any] = {
             "database_url": self.database_url, "dispatcher": "kubernetes", "cache_dir": self.workdir / "cache",
-            "poll_seconds": 0.3, "lease_seconds": 4.0, "allow_file_uris": True, "max_attempts": 3,
-            "kubernetes": kube}
+            "poll_seconds": 0.3, "lease_seconds": 4.0, "allow_file_uris": True, "file_roots": (MINILM,),
+            "max_attempts": 3, "kubernetes": kube}
         return Settings(**(values | overrides))
 
     # --- what the tests look at ----------------------------------------------------------------

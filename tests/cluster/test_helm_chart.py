@@ -33,7 +33,7 @@ from service.states import State
 from tests.service.conftest import PG_ADMIN, add_token, start_server
 
 from .cluster import REPO, Cluster, process_env
-from .convgate_env import CHART, JOBS, Db, held_worker, helm, minilm_request, wait
+from .convgate_env import CHART, JOBS, MINILM, Db, held_worker, helm, minilm_request, wait
 from .pod_runner import PodRunner
 
 pytestmark = pytest.mark.cluster
@@ -79,6 +79,14 @@ def chart_settings(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, kubeconfig
     return Settings()
 
 
+def alembic_head() -> str:
+    from alembic.script import ScriptDirectory
+
+    from service.persistence.migrate import alembic_config
+
+    return str(ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head())
+
+
 def install(cluster: Cluster, pod_runner: PodRunner, database: str, tmp_path: Path) -> list[str]:
     """`helm install` into the restricted namespace with the Kueue manifests; the helm values used."""
     api = cluster.api
@@ -88,7 +96,7 @@ def install(cluster: Cluster, pod_runner: PodRunner, database: str, tmp_path: Pa
         api.apply_yaml(path)
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump({
-        "database": {"url": database}, "uriPolicy": {"allowFileUris": True},
+        "database": {"url": database}, "uriPolicy": {"allowFileUris": True, "fileRoots": [str(MINILM)]},
         "kueue": {"priorityClass": "convgate-batch"}, "nodeSelector": API_PODS_NOT_RUN,
         "worker": {"resources": {"requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "1Gi"},
                                  "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "2Gi"}}}}))
@@ -100,7 +108,7 @@ def install(cluster: Cluster, pod_runner: PodRunner, database: str, tmp_path: Pa
     assert (migration.argv, migration.exit_code) == (["convgate", "db", "upgrade"], 0)
     engine = create_engine(database)
     with engine.connect() as connection:
-        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar() == alembic_head()
     engine.dispose()
     # the API pods passed restricted pod security admission (created by the ReplicaSet controller)
     wait("API pods created", lambda: len(api.get(f"/api/v1/namespaces/{NS}/pods", params={

@@ -131,15 +131,140 @@ def test_every_rendered_template_validates(values):
         assert "Secret" in kinds
 
 
-def test_rbac_grants_only_what_the_dispatcher_uses():
+# What each Kubernetes client call the dispatcher makes needs: (API group, resource, verb). A call
+# not in this table fails the test below, so a new call cannot land without its grant being decided.
+CLIENT_CALLS = {
+    "create_namespaced_job": ("batch", "jobs", "create"),
+    "list_namespaced_job": ("batch", "jobs", "list"),
+    "delete_namespaced_job": ("batch", "jobs", "delete"),
+    "list_namespaced_pod": ("", "pods", "list"),
+    "create_namespaced_secret": ("", "secrets", "create"),  # the attempt's credential, owned by its Job
+    "list_namespaced_custom_object": ("kueue.x-k8s.io", "workloads", "list"),
+    # the one raw call: GET .../localqueues/{name}/pendingworkloads of Kueue's visibility API
+    "call_api": ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
+}
+CLIENTS = {"batch", "core", "custom", "api"}  # the attributes holding the kubernetes client objects
+
+
+def client_calls_in_dispatcher() -> set[str]:
+    """Every `self.<client>.<method>` the code under service/dispatch/kube/ references (called or passed)."""
+    import ast
+
+    found = set()
+    for path in sorted((REPO / "service" / "dispatch" / "kube").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr in CLIENTS and isinstance(node.value.value, ast.Name)
+                    and node.value.value.id == "self" and not node.attr.startswith("_")):
+                found.add(node.attr)
+    return found - {"close", "param_serialize", "sanitize_for_serialization"}  # local, no API request
+
+
+def test_rbac_grants_exactly_what_the_dispatcher_calls():
+    calls = client_calls_in_dispatcher()
+    assert calls <= set(CLIENT_CALLS), f"decide the RBAC grant of {sorted(calls - set(CLIENT_CALLS))}"
     role = next(doc for doc in render() if doc["kind"] == "Role")
-    grants = {(group, resource): sorted(rule["verbs"]) for rule in role["rules"]
-              for group in rule["apiGroups"] for resource in rule["resources"]}
-    # tests/cluster/test_chart.py checks the same set against what the API server's audit log records
-    assert grants == {("batch", "jobs"): ["create", "delete", "list"],
-                      ("kueue.x-k8s.io", "workloads"): ["list"],
-                      ("", "pods"): ["list"],
-                      ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads"): ["get"]}
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    # tests/cluster/test_helm_chart.py checks the same set against what the API server's audit log records
+    assert granted == {CLIENT_CALLS[call] for call in calls}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+    assert not [doc for doc in render() if doc["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    (binding,) = [doc for doc in render() if doc["kind"] == "RoleBinding"]
+    assert [s["name"] for s in binding["subjects"]] == ["cg"]  # the API's ServiceAccount; never the workers'
+
+
+def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc["spec"] for doc in docs if doc["kind"] == "NetworkPolicy"}
+
+
+def _ports(rule: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(port["protocol"], port["port"]) for port in rule.get("ports", [])}
+
+
+def test_network_policies_are_on_by_default_and_cover_api_workers_and_migration():
+    docs = render()
+    policies = _policies(docs)
+    assert set(policies) == {"cg-api", "cg-worker", "cg-migration"}
+    components = {name: spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                  for name, spec in policies.items()}
+    assert components == {"cg-api": "api", "cg-worker": "worker", "cg-migration": "migration"}
+    deployment = next(doc for doc in docs if doc["kind"] == "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policies["cg-api"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    from service.dispatch.kube.job_manifest import APP_LABELS
+
+    assert policies["cg-worker"]["podSelector"]["matchLabels"].items() <= APP_LABELS.items()
+    for spec in policies.values():
+        assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+        for rule in spec["egress"]:
+            assert rule.get("ports"), f"an egress rule open on every port: {rule}"
+    api_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert [_ports(rule) for rule in policies["cg-api"]["ingress"]] == [{("TCP", api_port)}]
+    assert policies["cg-worker"]["ingress"] == [] and policies["cg-migration"]["ingress"] == []
+    egress = {name: set().union(*(_ports(rule) for rule in spec["egress"])) for name, spec in policies.items()}
+    dns_db = {("UDP", 53), ("TCP", 53), ("TCP", 5432)}
+    assert egress["cg-api"] == dns_db | {("TCP", 443), ("TCP", 6443)}  # + the Kubernetes API server
+    assert egress["cg-worker"] == dns_db | {("TCP", 443)}  # + the artifact hosts
+    assert egress["cg-migration"] == dns_db
+    public = next(rule for rule in policies["cg-worker"]["egress"] if _ports(rule) == {("TCP", 443)})["to"]
+    assert "10.0.0.0/8" in public[0]["ipBlock"]["except"] and "169.254.0.0/16" in public[0]["ipBlock"]["except"]
+
+
+def test_production_network_policies_pin_every_address():
+    policies = _policies(render(*VALUE_SETS["production"]))
+    for name, spec in policies.items():
+        for rule in spec["egress"]:
+            peers = rule.get("to")
+            assert peers, f"{name}: egress to any address: {rule}"
+            assert all("ipBlock" in p or "namespaceSelector" in p for p in peers)
+    api_rules = {frozenset(_ports(rule)): rule["to"] for rule in policies["cg-api"]["egress"]}
+    assert api_rules[frozenset({("TCP", 443), ("TCP", 6443)})] == [{"ipBlock": {"cidr": "10.20.0.1/32"}}]
+    worker = {frozenset(_ports(rule)): rule["to"] for rule in policies["cg-worker"]["egress"]}
+    assert worker[frozenset({("TCP", 443)})] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
+    assert "cg-api" in _policies(render()) and _policies(render("--set", "networkPolicy.enabled=false")) == {}
+
+
+def test_configured_policies_reach_the_settings_and_the_schema_refuses_bad_ones(monkeypatch):
+    from service.config import Settings
+    from worker.policy import Policy
+
+    strict = ["--set", "policies.strict.version=platform-1", "--set", "policies.strict.tie_ulps=1",
+              "--set", "metrics.public=false"]
+    config_map = next(doc for doc in render(*strict) if doc["kind"] == "ConfigMap")
+    for key, value in config_map["data"].items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CONVGATE_DATABASE_URL", "postgresql+psycopg://u@db/convgate")
+    settings = Settings()
+    assert settings.policies == {"default": Policy(), "strict": Policy(version="platform-1", tie_ulps=1)}
+    assert settings.metrics_public is False and settings.max_body_bytes == 1 << 20
+    for bad in (["--set", "policies.strict.tie_ulps=300"], ["--set", "policies.strict.min_cosine=-1"],
+                ["--set", "policies.strict.version=inline-1"], ["--set", "policies.Bad_Name.tie_ulps=1"]):
+        result = subprocess.run([str(helm()), "template", "cg", str(CHART), *bad], capture_output=True, text=True,
+                                timeout=120, check=False)
+        assert result.returncode != 0 and "schema" in result.stderr.lower(), (bad, result.stderr)
+
+
+def test_the_chart_policy_schema_is_the_policy_model():
+    """values.schema.json embeds worker/policy.py's JSON schema; regenerate it with
+    `python tests/deploy/test_deploy.py` when the Policy changes."""
+    chart = json.loads((CHART / "values.schema.json").read_text())
+    assert chart["$defs"] == policy_definitions()
+
+
+def policy_definitions() -> dict[str, Any]:
+    from worker.policy import Policy
+
+    schema = Policy.model_json_schema()
+    return {"Policy": {key: value for key, value in schema.items() if key != "$defs"}, **schema["$defs"]}
+
+
+if __name__ == "__main__":
+    path = CHART / "values.schema.json"
+    document = json.loads(path.read_text())
+    document["$defs"] = policy_definitions()
+    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def test_migration_runs_as_a_hook_and_pods_are_restricted():

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from tests.mutation import gguf_edit
 from tests.mutation.twins import Twin, caught, explain, metadata_twins, tensor_twins
-from worker.engine import VerifyRequest, verify
-from worker.fetch import ContentStore
+from worker.engine import LocalInputs, VerifyRequest, verify
 from worker.policy import Policy
 
 # The honest fixtures twinned: embedding and causal LM, float and quantized, three tokenizer families.
@@ -39,9 +38,8 @@ class Outcome:
 
 def run_twin(source: Path, twin: Twin, workdir: Path) -> Outcome:
     path = gguf_edit.write(twin.gguf, workdir / "twin.gguf")
-    request = VerifyRequest(source_uri=str(source), artifact_uri=path.as_uri(), gates=twin.gates,
-                            texts=PROBE_TEXTS if 2 in twin.gates else None)
-    report = verify(request, Policy(), ContentStore(workdir / "cache"))
+    request = VerifyRequest(gates=twin.gates, texts=PROBE_TEXTS if 2 in twin.gates else None)
+    report = verify(request, LocalInputs(source=source, artifact=path), Policy())
     return Outcome(twin, caught(twin, report), report.verdict, explain(report))
 
 

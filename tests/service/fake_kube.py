@@ -30,11 +30,27 @@ class FakeCluster:
     pending: list[str] = field(default_factory=list)  # job names, in LocalQueue order
     requests: list[Recorded] = field(default_factory=list)
     create_faults: list[int | float] = field(default_factory=list)  # HTTP status, or seconds of delay
+    # every visibility call answers this while set: an HTTP status, seconds of delay, or a raw body
+    visibility_fault: int | float | bytes | None = None
+    secrets: dict[str, dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def status(self, code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
         return code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                       "message": message, "reason": reason, "code": code}
+
+    def refusal(self, code: int) -> tuple[int, dict[str, Any]]:
+        """What the API server sends for `code`: a quota or RBAC refusal, a webhook denial, an invalid
+        spec, or a transient failure (the Status `reason` is the typed part)."""
+        known = {
+            400: ("BadRequest", 'admission webhook "vjob.example.io" denied the request: team label missing'),
+            403: ("Forbidden", 'jobs.batch "x" is forbidden: exceeded quota: convgate-jobs, requested: '
+                               "count/jobs.batch=1, used: count/jobs.batch=50, limited: count/jobs.batch=50"),
+            422: ("Invalid", 'Job.batch "x" is invalid: spec.template.spec.containers[0].image: Required value'),
+            429: ("TooManyRequests", "too many requests, please try again later"),
+        }
+        reason, message = known.get(code, ("InternalError", "etcdserver: request timed out"))
+        return self.status(code, reason, message)
 
     def create_job(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         name = body["metadata"]["name"]
@@ -77,8 +93,18 @@ class FakeCluster:
             if isinstance(fault, float):
                 time.sleep(fault)
             elif isinstance(fault, int):
-                return self.status(fault, "InternalError", "etcdserver: request timed out")
+                return self.refusal(fault)
             return self.create_job(body)
+        if path.startswith(base + "/") and method == "GET":
+            job = self.jobs.get(path.rsplit("/", 1)[1])
+            return (200, job) if job is not None else self.status(404, "NotFound", "job not found")
+        secrets = f"/api/v1/namespaces/{self.namespace}/secrets"
+        if path == secrets and method == "POST":
+            name = body["metadata"]["name"]
+            if name in self.secrets:
+                return self.status(409, "AlreadyExists", f'secrets "{name}" already exists')
+            self.secrets[name] = body
+            return 201, body
         if path == base and method == "GET":
             return 200, {"apiVersion": "batch/v1", "kind": "JobList", "metadata": {"resourceVersion": "7"},
                          "items": list(self.jobs.values())}
@@ -94,6 +120,13 @@ class FakeCluster:
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}
         visibility = f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{self.namespace}/localqueues/"
         if path.startswith(visibility) and path.endswith("/pendingworkloads") and method == "GET":
+            fault = self.visibility_fault
+            if isinstance(fault, float):
+                time.sleep(fault)
+            elif isinstance(fault, bytes):
+                return 200, fault
+            elif isinstance(fault, int):
+                return self.status(fault, "ServiceUnavailable", "the server is currently unable to handle the request")
             items = [{"metadata": {"name": f"job-{name}-abcde", "namespace": self.namespace,
                                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
                                                         "uid": self.jobs[name]["metadata"]["uid"]}]},
@@ -119,7 +152,7 @@ def serve(cluster: FakeCluster) -> Iterator[str]:
             with cluster.lock:
                 cluster.requests.append(Recorded(self.command, parsed.path, query, body))
             status, payload = cluster.answer(self.command, parsed.path, query, body)
-            data = json.dumps(payload).encode()
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,7 +21,8 @@ SHA = "b" * 64
 
 @pytest.fixture
 def api(sqlite_url, tmp_path):
-    settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True)
+    settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True, file_roots=(Path("/models"),),
+                            metrics_public=False)
     app = create_app(settings, run_dispatcher=False)
     tokens = {role: add_token(sqlite_url, role, f"{role.value}-1") for role in Role}
     tokens["other-submitter"] = add_token(sqlite_url, Role.SUBMITTER, "submitter-2")
@@ -53,20 +55,23 @@ def complete(api, verification_id: str, verdict: str = "GO", sha: str = SHA) -> 
               "files": [{"uri": "file:///models/m.gguf", "sha256": sha, "size": 1}],
               "not_verified": ["retrieval quality"], "environment": {}, "timings": {}}
     with transaction(api.app_state.session_factory) as session:
-        attempt = repository.start_attempt(session, verification_id, "test").attempt
-        assert repository.record_verdict(session, verification_id, attempt, report)
+        attempt = repository.claim(session, verification_id, "test").attempt
+        assert repository.start_attempt(session, verification_id, "test", attempt=attempt) is not None
+        assert repository.record_verdict(session, verification_id, attempt, report, worker="test")
 
 
 ROLE_MATRIX = [
     # (method, path template, allowed roles)
-    ("POST", "/v1/verifications", {Role.SUBMITTER, Role.ADMIN}),
-    ("GET", "/v1/verifications/{id}", set(Role)),
+    ("POST", "/v1/verifications", {Role.SUBMITTER, Role.POLICY_AUTHOR, Role.ADMIN}),
+    ("GET", "/v1/verifications/{id}", set(Role) - {Role.POLICY_AUTHOR}),  # a submitter's: not the author's own
     ("GET", "/v1/verifications", set(Role)),
-    ("GET", "/v1/verifications/{id}/report", set(Role)),
-    ("GET", "/v1/verifications/{id}/events", set(Role)),
-    ("POST", "/v1/verifications/{id}/cancel", {Role.SUBMITTER, Role.OPERATOR, Role.ADMIN}),
+    ("GET", "/v1/verifications/{id}/report", set(Role) - {Role.POLICY_AUTHOR}),
+    ("GET", "/v1/verifications/{id}/events", set(Role) - {Role.POLICY_AUTHOR}),
+    ("POST", "/v1/verifications/{id}/cancel", {Role.SUBMITTER, Role.OPERATOR, Role.ADMIN}),  # author: own only
     ("GET", "/v1/queue", {Role.OPERATOR, Role.ADMIN}),
     ("GET", "/ui/queue/table", {Role.OPERATOR, Role.ADMIN}),
+    ("GET", "/v1/access-log", {Role.AUDITOR, Role.ADMIN}),
+    ("GET", "/metrics", {Role.OPERATOR, Role.ADMIN}),  # metrics_public=False
 ]
 
 
@@ -79,7 +84,7 @@ def test_every_endpoint_admits_exactly_its_roles(api, method, path, allowed):
         response = api.request(method, path.format(id=created), headers=auth(api, role), **kwargs)
         assert (response.status_code < 400) == (role in allowed), (role, response.status_code, response.text)
         if role not in allowed:
-            assert response.status_code == 403
+            assert response.status_code == (404 if role == Role.POLICY_AUTHOR and "{id}" in path else 403)
     assert api.request(method, path.format(id="x")).status_code == 401
     assert api.request(method, path.format(id="x"), headers={"Authorization": "Bearer nope"}).status_code == 401
 
@@ -105,25 +110,34 @@ def test_submitters_see_only_their_own(api):
 
 
 def test_submission_returns_202_location_and_fixes_the_policy(api):
-    response = submit(api, policy={"tie_ulps": 2})
+    response = submit(api, Role.POLICY_AUTHOR, policy={"tie_ulps": 2})
     assert response.status_code == 202
     created = response.json()
     assert response.headers["location"] == f"/v1/verifications/{created['id']}"
     assert created["state"] == "queued"
     from worker.policy import Policy
 
-    assert created["policy_sha256"] == Policy(tie_ulps=2).sha256() != Policy().sha256()
+    assert created["policy_sha256"] == Policy(tie_ulps=2, version="inline-2026.11-2").sha256() != Policy().sha256()
 
 
 @pytest.mark.parametrize(
     ("overrides", "status"),
     [({"artifact_sha256": "xyz"}, 422), ({"policy": "nonexistent"}, 422), ({"policy": {"tie_ulps": 300}}, 422),
      ({"artifact_uri": "ftp://h/x"}, 422), ({"source_uri": "https://example.com/model"}, 422),
-     ({"artifact_uri": "hf://org/m@main/x.gguf"}, 422), ({"gates": [4]}, 422), ({"extra": 1}, 422)],
+     ({"artifact_uri": "hf://org/m@main/x.gguf"}, 422), ({"gates": [4]}, 422), ({"extra": 1}, 422),
+     ({"texts": ["a"] * 1001}, 422), ({"texts": ["x" * 8193]}, 422), ({"texts": ["é" * 4000] * 80}, 422),
+     ({"texts": [""]}, 422), ({"texts": ["a\x00b"]}, 422), ({"source_uri": "file:///models/m\x00"}, 422)],
 )
 def test_invalid_submissions(api, overrides, status):
     response = submit(api, **overrides)
     assert response.status_code == status, response.text
+
+
+def test_an_unpaired_surrogate_is_a_422_not_a_500(api):
+    raw = json.dumps(body()).replace("m.gguf", "\\ud800.gguf").encode()  # valid JSON, not valid Unicode
+    response = api.post("/v1/verifications", content=raw, headers=auth(api, Role.SUBMITTER) | {
+        "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
 
 
 def test_idempotency_key_returns_the_same_verification_or_conflicts(api):
@@ -176,6 +190,84 @@ def test_auditor_filters_and_cursor_pages(api):
     assert api.get("/v1/verifications", params={"cursor": "garbage"}, headers=headers).status_code == 400
 
 
+def _b64(raw: str) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+BAD_CURSORS = ["MQ==", "garbage", "", "%%%", _b64("null"), _b64('{"a": 1}'), _b64("[1, 2, 3]"), _b64("[null, 1]"),
+               _b64('["yesterday", "x"]'), _b64('[1e400, "x"]'), _b64('["2026-01-01T00:00:00", null]'),
+               _b64("\x00"), _b64('["2026-01-01T00:00:00+00:00", "x\\u0000"]'), "\u00e9"]
+
+
+@pytest.mark.parametrize("cursor", BAD_CURSORS)
+def test_a_bad_cursor_is_a_400_never_a_500(api, cursor):
+    response = api.get("/v1/verifications", params={"cursor": cursor}, headers=auth(api, Role.AUDITOR))
+    assert response.status_code == 400, response.text
+    assert response.json()["detail"] == "invalid cursor"
+
+
+def test_bad_query_and_path_values_are_4xx(api):
+    headers = auth(api, Role.AUDITOR)
+    for params in ({"state": "sleeping"}, {"limit": 0}, {"since": "tuesday"}, {"source_uri": "x\x00"},
+                   {"submitted_by": "a\x00"}, {"policy": "\x00"}):
+        response = api.get("/v1/verifications", params=params, headers=headers)
+        assert 400 <= response.status_code < 500, (params, response.status_code)
+    for path in ("/v1/verifications/not-a-uuid", "/v1/verifications/%00", "/v1/verifications/%00/report"):
+        assert api.get(path, headers=headers).status_code == 422
+
+
+def test_request_bodies_are_limited(api):
+    huge = json.dumps(body(texts=["x" * 1000] * 1100)).encode()  # ~1.1 MB, over the 1 MiB limit
+    response = api.post("/v1/verifications", content=huge, headers=auth(api, Role.SUBMITTER) | {
+        "Content-Type": "application/json"})
+    assert response.status_code == 413, response.text
+
+    def chunks():  # no Content-Length: the limit is counted on the stream
+        for _ in range(1100):
+            yield b"x" * 1000
+
+    streamed = api.post("/v1/verifications", content=chunks(), headers=auth(api, Role.SUBMITTER) | {
+        "Content-Type": "application/json"})
+    assert streamed.status_code == 413, streamed.text
+    assert submit(api, texts=["y" * 8000] * 60).status_code == 202  # ~480 KB of texts is fine
+
+
+def test_the_ui_token_never_travels_in_a_url_and_the_cookie_is_strict(sqlite_url, tmp_path):
+    app = create_app(settings_for(sqlite_url, tmp_path), run_dispatcher=False)
+    operator = add_token(sqlite_url, Role.OPERATOR, "op")
+    with TestClient(app, base_url="https://testserver") as client:
+        legacy = client.get(f"/ui/queue?token={operator}", follow_redirects=False)
+        assert legacy.status_code == 401 and "set-cookie" not in legacy.headers
+        form = client.get("/ui/login")
+        assert form.status_code == 200 and 'method="post"' in form.text and 'type="password"' in form.text
+        refused = client.post("/ui/login", data={"token": "cg_wrong"}, follow_redirects=False)
+        assert refused.status_code == 401 and "set-cookie" not in refused.headers
+        login = client.post("/ui/login", data={"token": operator}, follow_redirects=False)
+        assert login.status_code == 303 and login.headers["location"] == "/ui/queue"
+        cookie = login.headers["set-cookie"].lower()
+        for attribute in ("secure", "httponly", "samesite=strict", "path=/ui"):
+            assert attribute in cookie, cookie
+        assert operator not in login.headers["location"]
+        assert client.get("/ui/queue").status_code == 200  # the browser sends the cookie on its own reads
+        assert client.get("/ui/queue/table").status_code == 200
+        # the cookie authenticates nothing else: no JSON API read, no write
+        jar = {"convgate_token": operator}
+        with TestClient(app, base_url="https://testserver", cookies=jar) as other:
+            assert other.get("/v1/queue").status_code == 401
+            assert other.post("/v1/verifications", json=body()).status_code == 401
+            assert other.post(f"/v1/verifications/{'0' * 8}-0000-4000-8000-{'0' * 12}/cancel").status_code == 401
+            assert other.get("/ui/queue").status_code == 200
+        auditor = add_token(sqlite_url, Role.AUDITOR, "aud")
+        assert client.post("/ui/login", data={"token": auditor}, follow_redirects=False).status_code == 403
+        foreign = client.post("/ui/login", data={"token": operator}, headers={"Origin": "https://evil.example"},
+                              follow_redirects=False)
+        assert foreign.status_code == 403 and "set-cookie" not in foreign.headers
+        out = client.post("/ui/logout", follow_redirects=False)
+        assert out.status_code == 303 and "max-age=0" in out.headers["set-cookie"].lower()
+
+
 def test_cancel_and_events(api):
     created = submit(api).json()["id"]
     cancelled = api.post(f"/v1/verifications/{created}/cancel", headers=auth(api, Role.OPERATOR)).json()
@@ -191,7 +283,9 @@ def test_queue_metrics_and_probes(api):
     queue = api.get("/v1/queue", headers=auth(api, Role.OPERATOR)).json()
     assert queue["counts"] == {"queued": 1, "completed": 1}
     assert queue["oldest_waiting"]["state"] == "queued" and queue["dispatcher"] == "local"
-    metrics = api.get("/metrics").text
+    assert api.get("/metrics").status_code == 401  # metrics_public=False: an operator's token
+    assert api.get("/metrics", headers=auth(api, Role.SUBMITTER)).status_code == 403
+    metrics = api.get("/metrics", headers=auth(api, Role.OPERATOR)).text
     assert 'convgate_verifications{state="queued"} 1.0' in metrics
     assert 'convgate_verdicts_total{verdict="NO-GO"} 1.0' in metrics
     assert 'convgate_gate_duration_seconds_bucket{gate="storage",le="2.5"} 1.0' in metrics

@@ -15,10 +15,10 @@ from sqlalchemy import text
 
 from service.config import Settings
 from service.dispatch.loop import DispatchLoop
+from service.lifecycle import State
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.schemas import SubmitRequest
-from service.states import State
 from service.verifications import cancel, submit
 from tests.conftest import fixtures_root
 from tests.service.conftest import settings_for
@@ -77,14 +77,14 @@ class Harness:
 
 @pytest.fixture
 def sqlite_harness(sqlite_url, tmp_path):
-    harness = Harness(settings_for(sqlite_url, tmp_path, lease_seconds=30))
+    harness = Harness(settings_for(sqlite_url, tmp_path, lease_seconds=30, file_roots=(fixtures_root(),)))
     yield harness
     harness.close()
 
 
 @pytest.fixture
 def pg_harness(pg, tmp_path):
-    harness = Harness(settings_for(pg, tmp_path, lease_seconds=30))
+    harness = Harness(settings_for(pg, tmp_path, lease_seconds=30, file_roots=(fixtures_root(),)))
     yield harness
     harness.close()
 
@@ -125,10 +125,9 @@ def test_queued_and_orphaned_work_survive_a_restart(pg_harness, minilm_request):
     queued = harness.submit(minilm_request, key="queued")
     orphan = harness.submit(minilm_request.model_copy(update={"gates": [1]}), key="orphan")
     with transaction(harness.factory) as session:  # a previous server's worker was running it when it died
-        verification = repository.get_verification(session, orphan)
-        repository.transition(session, verification, State.DISPATCHED, "old pool",
-                              worker=f"local:{socket.gethostname()}:{dead_pid()}")
-        repository.start_attempt(session, orphan, f"local:{socket.gethostname()}:{dead_pid()}/x")
+        pool = f"local:{socket.gethostname()}:{dead_pid()}"
+        attempt = repository.claim(session, orphan, pool).attempt
+        repository.start_attempt(session, orphan, f"{pool}/x", attempt=attempt)
     harness.loop.tick()
     assert "its dispatcher restarted" in (harness.state(orphan).reason or "")
     harness.tick_until(lambda: all(harness.state(v).state == State.COMPLETED for v in (queued, orphan)))

@@ -139,7 +139,7 @@ def test_create_refused_for_good_returns_the_verification_to_the_queue(harness, 
     verification_id = new_verification(factory)
     loop.tick()
     verification, events = state(factory, verification_id)
-    assert (verification.state, verification.attempt) == (State.QUEUED, 0)
+    assert (verification.state, verification.attempt) == (State.QUEUED, 1)  # numbers are never given back
     assert "HTTP 403" in events[-1] and len(posts(cluster)) == 1
     with pytest.raises(KubeError) as info:
         cluster.create_faults = [422]
@@ -151,8 +151,9 @@ def run_worker(factory, verification_id: str, verdict: str = "GO") -> None:
     """What the Job's pod does once admitted: claim the attempt and record a verdict."""
     report = {"verdict": verdict, "blockers": [], "gates": {}, "files": []}
     with transaction(factory) as session:
-        attempt = repository.start_attempt(session, verification_id, "pod").attempt
-        assert repository.record_verdict(session, verification_id, attempt, report)
+        attempt = repository.get_verification(session, verification_id).attempt  # the one the claim assigned
+        assert repository.start_attempt(session, verification_id, "pod", attempt=attempt) is not None
+        assert repository.record_verdict(session, verification_id, attempt, report, worker="pod")
 
 
 def test_admitted_then_finished(harness, cluster):
@@ -249,7 +250,7 @@ def test_failed_job_is_retried_as_a_new_attempt_with_a_new_job(harness, cluster)
     first = job_name(verification_id, 1)
     cluster.set_workload(first, ("Admitted", "Admitted"))
     with transaction(factory) as session:
-        repository.start_attempt(session, verification_id, "pod")
+        assert repository.start_attempt(session, verification_id, "pod", attempt=1) is not None
     cluster.set_job_condition(first, "Failed", "DeadlineExceeded")
     loop.tick()
     loop.tick()
@@ -277,26 +278,211 @@ def test_restarted_dispatcher_does_not_end_jobs_waiting_longer_than_the_lease(cl
     restarted.tick()
     restarted.dispatcher.shutdown()
     verification, events = state(factory, verification_id)
-    assert (verification.state, verification.attempt, verification.failed_attempts) == (State.DISPATCHED, 0, 0)
+    assert (verification.state, verification.attempt, verification.failed_attempts) == (State.DISPATCHED, 1, 0)
     assert list(cluster.jobs) == [job_name(verification_id, 1)], events
     engine.dispose()
 
 
 def test_a_preempted_worker_started_again_is_not_a_failed_attempt(sqlite_url):
-    """`attempt` numbers worker starts (and fences writes); `failed_attempts` is what max_attempts limits."""
+    """`attempt` numbers claims (and fences writes); `failed_attempts` is what max_attempts limits. An
+    eviction gives the same attempt back to the Job's next pod without counting a failure."""
+    from service.lifecycle import Reason
+
     engine = make_engine(sqlite_url)
     factory = session_factory(engine)
     verification_id = new_verification(factory)
     with transaction(factory) as session:
-        repository.start_attempt(session, verification_id, "convgate-x-1-aaaaa")
-    with transaction(factory) as session:  # preempted, the Job's next pod takes over
-        repository.start_attempt(session, verification_id, "convgate-x-1-bbbbb")
-    for expected in ("queued", "queued", "failed"):
+        assert repository.claim(session, verification_id, "kubernetes:test").attempt == 1
+        assert repository.start_attempt(session, verification_id, "convgate-x-1-aaaaa", attempt=1)
+    with transaction(factory) as session:  # preempted: the dispatcher sees the eviction, the next pod takes over
+        assert repository.release_evicted(session, verification_id, 1, "evicted: Preempted", "kubernetes:test")
+        assert repository.start_attempt(session, verification_id, "convgate-x-1-bbbbb", attempt=1)
+        assert not repository.heartbeat(session, verification_id, 1, None, worker="convgate-x-1-aaaaa")
+    for number, expected in ((1, "queued"), (2, "queued"), (3, "failed")):
         with transaction(factory) as session:
-            assert repository.end_attempt_without_verdict(session, verification_id, None, "crash") == expected
-            if expected == "queued":
-                repository.start_attempt(session, verification_id, "pod")
+            if number > 1:
+                assert repository.claim(session, verification_id, "kubernetes:test").attempt == number
+            assert repository.end_attempt_without_verdict(session, verification_id, number, Reason.JOB_LOST,
+                                                          "crash") == expected
     verification, events = state(factory, verification_id)
-    assert (verification.attempt, verification.failed_attempts, verification.max_attempts) == (4, 3, 3)
-    assert "(attempt 1 was interrupted)" in events[2] and "no attempts left" in events[-1]
+    assert (verification.attempt, verification.failed_attempts, verification.max_attempts) == (3, 3, 3)
+    assert "no attempts left" in events[-1]
+    engine.dispose()
+
+
+# --- item 6: permanent refusals are bounded; the visibility API is optional -------------------------
+
+@pytest.mark.parametrize(("code", "reason", "says"), [
+    (403, "Forbidden", "exceeded quota"), (422, "Invalid", "is invalid"), (400, "BadRequest", "denied the request")],
+    ids=["403-quota", "422-invalid", "400-webhook-denied"])
+def test_a_job_refused_for_good_fails_the_verification_after_a_bounded_number_of_tries(
+        cluster, sqlite_url, tmp_path, code, reason, says):
+    config = settings(tmp_path, sqlite_url, create_pause_seconds=0, refused_creates_before_failing=3)
+    engine = make_engine(sqlite_url)
+    factory = session_factory(engine)
+    loop = DispatchLoop(dispatcher_for(cluster, config), factory, config)
+    cluster.create_faults = [code] * 20
+    verification_id = new_verification(factory)
+    for _ in range(6):
+        loop.tick()
+    verification, events = state(factory, verification_id)
+    loop.dispatcher.shutdown()
+    engine.dispose()
+    assert len(posts(cluster)) == 3, events  # exactly the bound, then never again
+    assert verification.state == State.FAILED, events
+    assert verification.failed_attempts == 0  # no worker ever ran
+    assert f"HTTP {code}" in verification.reason and says in verification.reason
+    assert verification.cluster_status == f"job refused: {reason}"
+    assert "refused by the API server 3 times" in events[-1]
+
+
+@pytest.mark.parametrize("faults", [[503] * 40, [429] * 40, [500, 429, 503, 502] * 10], ids=["503", "429", "mixed"])
+def test_transient_refusals_keep_the_verification_queued_and_are_never_counted(cluster, sqlite_url, tmp_path,
+                                                                               faults):
+    config = settings(tmp_path, sqlite_url, create_pause_seconds=0, refused_creates_before_failing=1)
+    engine = make_engine(sqlite_url)
+    factory = session_factory(engine)
+    loop = DispatchLoop(dispatcher_for(cluster, config), factory, config)
+    cluster.create_faults = list(faults)
+    verification_id = new_verification(factory)
+    for _ in range(5):
+        loop.tick()
+    verification, events = state(factory, verification_id)
+    assert verification.state == State.QUEUED and len(posts(cluster)) == 20, events  # 5 launches x 4 tries
+    cluster.create_faults = []
+    loop.tick()
+    assert state(factory, verification_id)[0].state == State.DISPATCHED
+    loop.dispatcher.shutdown()
+    engine.dispose()
+
+
+def test_one_permanent_refusal_then_success_is_not_counted_against_the_next_attempt(cluster, sqlite_url, tmp_path):
+    config = settings(tmp_path, sqlite_url, create_pause_seconds=0, refused_creates_before_failing=2)
+    engine = make_engine(sqlite_url)
+    factory = session_factory(engine)
+    loop = DispatchLoop(dispatcher_for(cluster, config), factory, config)
+    cluster.create_faults = [403]
+    verification_id = new_verification(factory)
+    loop.tick()
+    loop.tick()
+    assert state(factory, verification_id)[0].state == State.DISPATCHED
+    assert loop.dispatcher.refusals == {}  # forgotten once a create succeeded
+    loop.dispatcher.shutdown()
+    engine.dispose()
+
+
+@pytest.mark.parametrize("fault", [503, 404, b"<html>proxy error</html>", b'{"items": 5}',
+                                   b'{"items": [{"metadata": {"ownerReferences": [{"kind": "Job"}]}}]}',
+                                   b'{"items": [{"positionInLocalQueue": "first", "metadata": '
+                                   b'{"ownerReferences": [{"kind": "Job", '
+                                   b'"name": "x"}]}}]}', 1.5],
+                         ids=["503", "404-not-installed", "not-json", "items-not-a-list", "owner-without-name",
+                              "position-not-a-number", "timeout"])
+def test_a_failing_visibility_api_never_stops_dispatch(harness, cluster, fault):
+    loop, factory = harness
+    first = [new_verification(factory) for _ in range(2)]
+    loop.tick()
+    loop.tick()
+    assert [state(factory, v)[0].queue_position for v in first] == [0, 1]
+    cluster.visibility_fault = fault
+    later = new_verification(factory)
+    loop.tick()
+    loop.tick()
+    assert job_name(later, 1) in cluster.jobs  # dispatch went on
+    assert [state(factory, v)[0].queue_position for v in [*first, later]] == [None, None, None]  # unknown
+    assert loop.dispatcher.view.visibility_error
+    cluster.visibility_fault = None
+    loop.tick()
+    assert [state(factory, v)[0].queue_position for v in [*first, later]] == [0, 1, 2]
+    assert loop.dispatcher.view.visibility_error is None
+
+
+# --- item 8: a worker Job holds only its own attempt's credential -------------------------------------
+
+VID = "0b3c2a9e-1111-4222-8333-444455556666"
+
+
+def test_a_restricted_worker_job_never_sees_the_control_planes_database_credential(tmp_path):
+    import json
+
+    from service.dispatch.kube.job_manifest import attempt_secret_name
+
+    config = settings(tmp_path, "sqlite://", worker_database_secret="convgate-worker-database")
+    job = build_job(config, VID, 3)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["CONVGATE_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "convgate-worker-database",
+                                                                         "key": "url"}
+    assert env["CONVGATE_ATTEMPT_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": attempt_secret_name(VID, 3), "key": "secret", "optional": True}
+    assert "convgate-database" not in json.dumps(job).replace("convgate-worker-database", "")
+
+
+def restricted_harness(cluster, sqlite_url, tmp_path):
+    config = settings(tmp_path, sqlite_url, worker_database_secret="convgate-worker-database")
+    engine = make_engine(sqlite_url)
+    return config, engine, session_factory(engine), dispatcher_for(cluster, config)
+
+
+def claim_with_secret(factory, verification_id: str) -> tuple[int, str]:
+    from service.persistence.attempt_secrets import issue_attempt_secret
+
+    with transaction(factory) as session:
+        attempt = repository.claim(session, verification_id, "kubernetes:test").attempt
+        return attempt, issue_attempt_secret(session, verification_id, attempt)
+
+
+def test_launch_hands_the_attempt_secret_to_its_own_job_only(cluster, sqlite_url, tmp_path):
+    import base64
+    import json
+
+    from service.dispatch.kube.job_manifest import attempt_secret_name
+    from service.persistence.attempt_secrets import secret_digest
+
+    _, engine, factory, dispatcher = restricted_harness(cluster, sqlite_url, tmp_path)
+    verification_id = new_verification(factory)
+    attempt, secret = claim_with_secret(factory, verification_id)
+    dispatcher.launch(verification_id, attempt, attempt_secret=secret)
+    name = job_name(verification_id, attempt)
+    (stored,) = cluster.secrets.values()
+    assert stored["metadata"]["name"] == attempt_secret_name(verification_id, attempt)
+    assert stored["metadata"]["ownerReferences"] == [{
+        "apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": cluster.jobs[name]["metadata"]["uid"],
+        "blockOwnerDeletion": False}]  # garbage-collected with its Job
+    assert stored["immutable"] is True and stored["type"] == "Opaque"
+    assert base64.b64decode(stored["data"]["secret"]).decode() == secret
+    assert secret not in json.dumps(cluster.jobs[name])  # a reader of Jobs and pods never sees it
+    with factory() as session:
+        assert repository.get_verification(session, verification_id).attempt_secret_sha256 == secret_digest(
+            verification_id, attempt, secret)
+    order = [r.path.rsplit("/", 1)[1] for r in cluster.requests if r.method == "POST"]
+    assert order == ["jobs", "secrets"]  # the Job first: the Secret needs its uid
+    dispatcher.shutdown()
+    engine.dispose()
+
+
+def test_a_retried_launch_finds_its_job_and_still_hands_over_the_secret(cluster, sqlite_url, tmp_path):
+    config, engine, factory, dispatcher = restricted_harness(cluster, sqlite_url, tmp_path)
+    verification_id = new_verification(factory)
+    attempt, secret = claim_with_secret(factory, verification_id)
+    cluster.create_job(build_job(config, verification_id, attempt))  # an earlier try whose answer was lost
+    dispatcher.launch(verification_id, attempt, attempt_secret=secret)
+    (stored,) = cluster.secrets.values()
+    name = job_name(verification_id, attempt)
+    assert stored["metadata"]["ownerReferences"][0]["uid"] == cluster.jobs[name]["metadata"]["uid"]
+    dispatcher.launch(verification_id, attempt, attempt_secret=secret)  # the Secret exists too: done
+    assert len(cluster.secrets) == 1
+    dispatcher.shutdown()
+    engine.dispose()
+
+
+def test_a_restricted_launch_without_a_secret_is_refused_before_any_job(cluster, sqlite_url, tmp_path):
+    from worker.errors import ConvgateError
+
+    _, engine, factory, dispatcher = restricted_harness(cluster, sqlite_url, tmp_path)
+    verification_id = new_verification(factory)
+    with pytest.raises(ConvgateError, match="attempt secret"):
+        dispatcher.launch(verification_id, 1)
+    assert cluster.jobs == {} and cluster.secrets == {}
+    dispatcher.shutdown()
     engine.dispose()

@@ -10,11 +10,11 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from service.lifecycle import IllegalTransitionError, Reason, State, check_transition
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import downgrade, upgrade
 from service.persistence.models import Base
-from service.states import IllegalTransitionError, State
 
 REQUEST = {"source_uri": "file:///m", "artifact_uri": "file:///m.gguf", "artifact_sha256": "a" * 64}
 REPORT = {"verdict": "GO", "blockers": [], "gates": {"storage": {"status": "passed", "seconds": 1.0, "details": {}}},
@@ -62,14 +62,21 @@ def test_models_and_migrations_agree(url, factory):
     assert diff == []
 
 
+def start(factory, verification_id: str, worker: str) -> int:
+    """What the dispatcher and the worker it launched do: claim the next attempt, start exactly it."""
+    with transaction(factory) as session:
+        attempt = repository.claim(session, verification_id, "dispatcher").attempt
+        assert repository.start_attempt(session, verification_id, worker, attempt=attempt) is not None
+    return attempt
+
+
 def test_verdict_is_written_once_and_never_changed(factory):
     verification_id = new_verification(factory)
+    attempt = start(factory, verification_id, "w")
     with transaction(factory) as session:
-        attempt = repository.start_attempt(session, verification_id, "w").attempt
-    with transaction(factory) as session:
-        assert repository.record_verdict(session, verification_id, attempt, REPORT)
+        assert repository.record_verdict(session, verification_id, attempt, REPORT, worker="w")
     with transaction(factory) as session:  # fenced: the verification is completed, nothing more is written
-        assert not repository.record_verdict(session, verification_id, attempt, REPORT)
+        assert not repository.record_verdict(session, verification_id, attempt, REPORT, worker="w")
     for statement in ("UPDATE verdicts SET verdict = 'NO-GO'", "DELETE FROM verdicts",
                       "UPDATE file_digests SET sha256 = 'x'", "DELETE FROM verification_events"):
         with pytest.raises(DBAPIError, match="immutable"), transaction(factory) as session:
@@ -96,16 +103,16 @@ def test_idempotency_key_is_unique_per_submitter(factory):
 
 def test_stale_attempt_cannot_overwrite_a_newer_one(factory):
     verification_id = new_verification(factory)
-    with transaction(factory) as session:
-        first = repository.start_attempt(session, verification_id, "w1").attempt
+    first = start(factory, verification_id, "w1")
     with transaction(factory) as session:  # the first worker is presumed dead, a second one starts
-        repository.end_attempt_without_verdict(session, verification_id, first, "heartbeat lost")
-        second = repository.start_attempt(session, verification_id, "w2").attempt
+        repository.end_attempt_without_verdict(session, verification_id, first, Reason.HEARTBEAT_LOST, "lost")
+    second = start(factory, verification_id, "w2")
     assert (first, second) == (1, 2)
     with transaction(factory) as session:
-        assert not repository.heartbeat(session, verification_id, first, None)
-        assert not repository.record_verdict(session, verification_id, first, REPORT | {"verdict": "NO-GO"})
-        assert repository.record_verdict(session, verification_id, second, REPORT)
+        assert not repository.heartbeat(session, verification_id, first, None, worker="w1")
+        assert not repository.record_verdict(session, verification_id, first, REPORT | {"verdict": "NO-GO"},
+                                             worker="w1")
+        assert repository.record_verdict(session, verification_id, second, REPORT, worker="w2")
     with factory() as session:
         verdict = repository.verdict_for(session, verification_id)
         assert (verdict.attempt, verdict.verdict) == (2, "GO")
@@ -114,12 +121,30 @@ def test_stale_attempt_cannot_overwrite_a_newer_one(factory):
 def test_attempts_run_out_then_fail_with_reason(factory):
     verification_id = new_verification(factory)
     for _ in range(3):
+        attempt = start(factory, verification_id, "w")
         with transaction(factory) as session:
-            attempt = repository.start_attempt(session, verification_id, "w").attempt
-            repository.end_attempt_without_verdict(session, verification_id, attempt, "killed by signal 9")
+            repository.end_attempt_without_verdict(session, verification_id, attempt, Reason.WORKER_EXITED,
+                                                   "killed by signal 9")
     with factory() as session:
         verification = repository.get_verification(session, verification_id)
         assert (verification.state, verification.attempt) == (State.FAILED, 3)
         assert "signal 9" in verification.reason
         with pytest.raises(IllegalTransitionError):
-            repository.transition(session, verification, State.RUNNING, "no")
+            check_transition(verification.state, State.RUNNING)
+
+
+def test_tokens_are_found_by_digest_until_revoked(factory):
+    with transaction(factory) as session:
+        repository.add_token(session, "ci", "submitter", "d" * 64)
+        repository.add_token(session, "ops", "operator", "e" * 64)
+    with transaction(factory) as session:
+        assert repository.active_token(session, "d" * 64).name == "ci"
+        assert [(t.name, t.role) for t in repository.list_tokens(session)] == [("ci", "submitter"),
+                                                                              ("ops", "operator")]
+        assert repository.revoke_token(session, "ci")
+        assert not repository.revoke_token(session, "ci")
+        assert not repository.revoke_token(session, "nobody")
+    with factory() as session:
+        assert repository.active_token(session, "d" * 64) is None
+        assert repository.active_token(session, "e" * 64).role == "operator"
+        assert repository.list_tokens(session)[0].revoked_at is not None

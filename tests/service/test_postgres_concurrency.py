@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ BODY = {"source_uri": "file:///models/m", "artifact_uri": "file:///models/m.gguf
 
 @pytest.fixture
 def server(pg, tmp_path):
-    yield from start_server(settings_for(pg, tmp_path))
+    yield from start_server(settings_for(pg, tmp_path, file_roots=(Path("/models"),)))
 
 
 def test_fifty_concurrent_submissions_with_one_key_make_one_verification(server, pg):

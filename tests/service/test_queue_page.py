@@ -1,11 +1,13 @@
-"""The operator page in real headless Chromium (Debian's package): it renders the queue, refreshes
-it in place, and the screenshot shows the styled table."""
+"""The operator page in real headless Chromium (Debian's package), driven over the DevTools protocol
+as a person would use it: sign in with the form, see the queue refresh in place, and the screenshot
+shows the styled table. The token never appears in a URL; the cookie is Secure, HttpOnly, Strict."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.states import State
+from tests.service.cdp import Browser
 from tests.service.conftest import add_token, settings_for, start_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -39,16 +42,27 @@ def server(sqlite_url, tmp_path):
             verification = repository.insert_verification(
                 session, submitted_by="alice", idempotency_key=f"k{i}", request_sha256="r" * 64, request=REQUEST,
                 policy={}, policy_sha256="p" * 64, max_attempts=3)
-        repository.start_attempt(session, verification.id, "local:test:1/abc")
-        repository.heartbeat(session, verification.id, 1, {"stage": "storage", "done": 40, "total": 101})
+        attempt = repository.claim(session, verification.id, "local:test:1/abc").attempt
+        repository.start_attempt(session, verification.id, "local:test:1/abc", attempt=attempt)
+        repository.heartbeat(session, verification.id, attempt, {"stage": "storage", "done": 40, "total": 101},
+                             worker="local:test:1/abc")
     engine.dispose()
     yield from start_server(settings_for(sqlite_url, tmp_path))
 
 
 def test_queue_page_renders_refreshes_and_looks_right(server, sqlite_url, tmp_path):
     token = add_token(sqlite_url, Role.OPERATOR)
-    url = f"{server.url}/ui/queue?token={token}"
-    dom = chromium(tmp_path, "--virtual-time-budget=6000", "--dump-dom", url).stdout
+    with Browser(tmp_path) as browser:
+        browser.sign_in(f"{server.url}/ui/queue", token)
+        assert browser.url() == f"{server.url}/ui/queue"  # the token is in no URL the browser visited
+        time.sleep(3)  # two refreshes of the table
+        dom = browser.dom()
+        cookie = browser.cookie("convgate_token")
+        assert (cookie["secure"], cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (
+            True, True, "Strict", "/ui")
+        assert token not in "".join(browser.history())
+        shot = tmp_path / "queue.png"
+        browser.screenshot(shot)
     assert "convgate — verification queue" in dom
     assert re.search(r"queued: <b>2</b>", dom) and re.search(r"running: <b>1</b>", dom)
     assert "<progress value=\"40\" max=\"101\"></progress> storage" in dom
@@ -56,9 +70,6 @@ def test_queue_page_renders_refreshes_and_looks_right(server, sqlite_url, tmp_pa
     table_time = int(re.search(r'class="snapshot" data-rendered="(\d+)"', dom)[1])
     assert table_time > page_time, "the table was not refreshed in place"
     assert token not in dom
-
-    shot = tmp_path / "queue.png"
-    chromium(tmp_path, f"--screenshot={shot}", url)
     image = Image.open(shot).convert("RGB")
     assert image.size == (1200, 700)
     colours = {image.getpixel((x, y)) for x in range(0, 1200, 2) for y in range(0, 700, 2)}
@@ -69,6 +80,15 @@ def test_queue_page_renders_refreshes_and_looks_right(server, sqlite_url, tmp_pa
 
 def test_queue_page_refuses_non_operators(server, sqlite_url, tmp_path):
     token = add_token(sqlite_url, Role.AUDITOR)
+    with Browser(tmp_path) as browser:
+        browser.sign_in(f"{server.url}/ui/queue", token)
+        dom = browser.dom()
+        assert browser.cookie("convgate_token") is None
+    assert "may not see the queue" in dom and "verification queue" not in dom
+    assert f"{State.QUEUED.value}: <b>" not in dom
+
+
+def test_a_token_in_the_url_is_ignored(server, sqlite_url, tmp_path):
+    token = add_token(sqlite_url, Role.OPERATOR)
     dom = chromium(tmp_path, "--dump-dom", f"{server.url}/ui/queue?token={token}").stdout
-    assert "forbidden" in dom and "verification queue" not in dom
-    assert State.QUEUED.value not in dom
+    assert "sign in" in dom and "verification queue" not in dom

@@ -117,7 +117,7 @@ def test_floats_compare_at_float32(tmp_path):
 def test_a_boolean_is_not_an_integer(tmp_path):
     config = {**LLAMA_CONFIG, "is_causal": False}
     outcome = run(tmp_path, {**HONEST_LLAMA, "llama.attention.causal": 0}, config=config)
-    assert blocked(outcome) == {"llama.attention.causal": "metadata.mismatch"}
+    assert blocked(outcome) == {"llama.attention.causal": "metadata.wrong_type"}  # an integer where a bool goes
     assert blocked(run(tmp_path, {**HONEST_LLAMA, "llama.attention.causal": False}, config=config)) == {}
 
 

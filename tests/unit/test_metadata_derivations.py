@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.unit.test_metadata_check import BPE_TOKENIZER, HONEST_LLAMA, LLAMA_CONFIG, source
+from worker.errors import SourceError
 from worker.gates.expectation import NO_DEFAULT, Expectation
 from worker.gates.hyperparameters import common_hyperparameters
 from worker.gates.tokenizer_metadata import TokenizerFiles, flag_findings, lowercases, tokenizer_expectations
@@ -72,7 +75,8 @@ def test_the_tokenizer_files_are_read_with_their_template(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "x"}]}))
     assert TokenizerFiles.read(src).chat_template is None  # type: ignore[union-attr]
     (tmp_path / "tokenizer.json").write_text("[]")
-    assert TokenizerFiles.read(src) is None
+    with pytest.raises(SourceError, match=r"tokenizer\.json is not a JSON object"):  # refused, not "absent"
+        TokenizerFiles.read(src)
     (tmp_path / "tokenizer.json").unlink()
     assert TokenizerFiles.read(src) is None
 

@@ -66,6 +66,9 @@ _TYPES = (
 )
 
 GGML_TYPES: dict[int, GGMLType] = {t.id: t for t in _TYPES}
+# Types no float source tensor converts to: integer tensors and F64 have no reader or bound here,
+# so gate 1 reports them as `tensor.type_unsupported` instead of comparing bytes as floats.
+UNCHECKED_TYPES = frozenset({"I8", "I16", "I32", "I64", "F64"})
 GGML_TYPES_BY_NAME: dict[str, GGMLType] = {t.name: t for t in _TYPES}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -21,6 +21,7 @@ import numpy as np
 
 from worker.errors import CodedError
 from worker.formats.ggml_types import GGML_TYPES, SCALAR_FORMATS, GGMLType, ValueType
+from worker.formats.gguf_strings import read_string_array
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -50,7 +51,7 @@ class GGUFArray:
     """A metadata array: numeric arrays are read-only numpy views, string arrays tuples."""
 
     element_type: ValueType
-    values: tuple[str, ...] | np.ndarray
+    values: Sequence[str] | np.ndarray
 
     def __len__(self) -> int:
         return len(self.values)
@@ -156,11 +157,11 @@ def _read_array(cur: _Cursor, key: str) -> GGUFArray:
         raise GGUFStructureError("gguf.nested_array", f"array {key!r} holds arrays")
     count = cur.length(MIN_ARRAY_ELEMENT_BYTES[element_type], f"array {key!r}")
     if element_type is ValueType.STRING:
-        items = []
-        for _ in range(count):
-            raw = cur.string(f"string in array {key!r}")
-            items.append(raw.decode("utf-8", errors="surrogateescape"))
-        return GGUFArray(element_type, tuple(items))
+        def fail(why: str) -> GGUFStructureError:
+            return GGUFStructureError("gguf.length_out_of_range", f"array {key!r}: {why}")
+
+        strings, cur.pos = read_string_array(cur.buffer, cur.pos, cur.size, count, fail)
+        return GGUFArray(element_type, strings)
     fmt = SCALAR_FORMATS[element_type]
     raw = cur.take(count * struct.calcsize(fmt), f"array {key!r}")
     values = np.frombuffer(raw, dtype=np.dtype(fmt[1]).newbyteorder("<"))

@@ -1,13 +1,14 @@
 """A strict safetensors header validator and memory-mapped tensor reader.
 
-The `safetensors` library accepts duplicate tensor keys (the last one wins); we refuse them, and
-we also require the data region to be exactly covered by the declared tensors. Tensor data is
+At least as strict as the `safetensors` library (a test compares the two): booleans are not
+numbers, `__metadata__` is an object of strings when present, names are valid Unicode. Stricter
+where the library is loose: it accepts duplicate tensor keys (the last one wins) and unknown
+entry fields; we refuse both, and require the data region to be exactly covered by the tensors. Tensor data is
 never copied up front: reads return views into a read-only memory map.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from worker.errors import SourceError
+from worker.formats.json_input import parse_json
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 DTYPES: dict[str, np.dtype] = {
@@ -76,6 +78,11 @@ def _pairs_no_duplicates(path: Path):
     return hook
 
 
+def _natural(value: Any) -> bool:
+    """A JSON non-negative integer; `True` is an `int` to Python, not to the safetensors format."""
+    return type(value) is int and value >= 0
+
+
 def _entry(path: Path, name: str, spec: Any, base: int, data_len: int) -> SafeTensorEntry:
     def bad(why: str) -> SourceError:
         return SourceError("source.bad_safetensors", f"{path.name}: tensor {name!r} {why}", name)
@@ -83,13 +90,13 @@ def _entry(path: Path, name: str, spec: Any, base: int, data_len: int) -> SafeTe
     if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "data_offsets"}:
         raise bad("has a malformed entry")
     dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
-    if dtype not in DTYPES:
-        raise bad(f"has unsupported dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise bad(f"has unsupported dtype {str(dtype)[:40]!r}")
+    if not isinstance(shape, list) or not all(_natural(d) for d in shape):
         raise bad("has an invalid shape")
     if (
         not isinstance(offsets, list) or len(offsets) != 2
-        or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1] <= data_len
+        or not all(_natural(o) for o in offsets) or not offsets[0] <= offsets[1] <= data_len
     ):
         raise bad(f"has data offsets {offsets!r} outside the data region ({data_len} bytes)")
     count = 1
@@ -115,13 +122,12 @@ def read_safetensors(path: Path) -> SafetensorsFile:
             raw = handle.read(header_len)
     except OSError as exc:
         raise SourceError("source.missing", f"cannot read {path.name}: {exc.strerror or exc}") from exc
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_pairs_no_duplicates(path))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SourceError("source.bad_safetensors", f"{path.name}: header is not JSON: {exc}") from exc
+    header = parse_json(raw, f"{path.name}: header", "source.bad_safetensors", _pairs_no_duplicates(path))
     if not isinstance(header, dict):
         raise SourceError("source.bad_safetensors", f"{path.name}: header is not a JSON object")
-    metadata = header.pop("__metadata__", {}) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:  # the reference library reads null as "no metadata"
+        metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise SourceError("source.bad_safetensors", f"{path.name}: __metadata__ must map strings to strings")
     base = 8 + header_len

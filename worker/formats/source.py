@@ -2,15 +2,16 @@
 
 Pickle checkpoints are refused without being opened. Shard headers are validated strictly, the
 index must name exactly the tensors the shards hold, and a tensor name may appear only once
-across shards. Packed low-bit tensors are presented under their logical name.
+across shards. Every JSON side file is parsed and shape-checked when the source is opened
+(`source_files`), so gates never meet a malformed one. Packed low-bit tensors are presented under
+their logical name.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
@@ -18,7 +19,9 @@ import numpy as np
 
 from worker.errors import SourceError
 from worker.formats import packed
+from worker.formats.json_input import parse_json
 from worker.formats.safetensors_strict import SafetensorsFile, read_safetensors, to_float32
+from worker.formats.source_files import check_config, check_side_file, check_weight_map
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 INDEX_NAME = "model.safetensors.index.json"
@@ -57,11 +60,23 @@ class SourceModel:
     files: tuple[Path, ...] = field(default=())
 
     def read_json(self, relative: str) -> Any | None:
-        """A JSON file of the model directory, or None when absent."""
+        """A JSON side file of the model directory, checked for its known shape, or None when absent."""
+        path = _inside(self.root, relative.lstrip("/"), relative, "source.bad_file")
+        if not path.is_file():
+            return None
+        value = parse_json(path.read_bytes(), relative)
+        check_side_file(relative, value)
+        return value
+
+    def read_text(self, relative: str) -> str | None:
+        """A UTF-8 text side file (chat_template.jinja), or None when absent."""
         path = self.root / relative
         if not path.is_file():
             return None
-        return json.loads(path.read_text(encoding="utf-8"))
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SourceError("source.bad_file", f"{relative} is not valid UTF-8") from exc
 
 
 def _refuse_pickles(root: Path) -> None:
@@ -70,16 +85,36 @@ def _refuse_pickles(root: Path) -> None:
         raise SourceError("source.unsafe_format", f"pickle checkpoint(s) refused, never loaded: {', '.join(unsafe)}")
 
 
+def _weight_map(index_path: Path) -> dict[str, str]:
+    return check_weight_map(parse_json(index_path.read_bytes(), INDEX_NAME, "source.index_mismatch"), INDEX_NAME)
+
+
+def _check_side_files(source: SourceModel) -> None:
+    """Parse every side file a gate may read, so a malformed one is refused here, not in a gate."""
+    for relative in ("tokenizer.json", "tokenizer_config.json", "config_sentence_transformers.json"):
+        source.read_json(relative)
+    for module in source.read_json("modules.json") or []:
+        if str(module.get("type", "")).endswith("Pooling"):
+            source.read_json(f"{module.get('path', '')}/config.json")
+    source.read_text("chat_template.jinja")
+
+
+def _inside(root: Path, relative: str, named_by: str, code: str) -> Path:
+    """`root / relative`, refused when `relative` is absolute or climbs out with `..`: no name read
+    from a model's own files may reach outside its directory (symlinks are the edge's check)."""
+    pure = PurePosixPath(relative)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in relative:
+        raise SourceError(code, f"{named_by} names {relative!r}, outside the model directory")
+    return root / relative
+
+
 def _shards(root: Path) -> list[Path]:
     index_path = root / INDEX_NAME
     shards = sorted(root.glob("*.safetensors"))
     if not index_path.is_file():
         return shards
-    try:
-        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise SourceError("source.index_mismatch", f"{INDEX_NAME} has no weight_map") from exc
-    named = sorted({root / shard for shard in weight_map.values()})
+    weight_map = _weight_map(index_path)
+    named = sorted({_inside(root, shard, INDEX_NAME, "source.index_mismatch") for shard in weight_map.values()})
     missing = [p.name for p in named if not p.is_file()]
     if missing:
         raise SourceError("source.index_mismatch", f"{INDEX_NAME} names missing shards: {', '.join(missing)}")
@@ -93,7 +128,7 @@ def _check_index(root: Path, owner: dict[str, str]) -> None:
     index_path = root / INDEX_NAME
     if not index_path.is_file():
         return
-    weight_map: dict[str, str] = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+    weight_map = _weight_map(index_path)
     for name in sorted(set(weight_map) | set(owner)):
         if weight_map.get(name) != owner.get(name):
             raise SourceError(
@@ -124,12 +159,10 @@ def open_source(root: Path) -> SourceModel:
     config_path = root / "config.json"
     if not config_path.is_file():
         raise SourceError("source.missing", "config.json is missing")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SourceError("source.bad_config", f"config.json is not JSON: {exc}") from exc
+    config = parse_json(config_path.read_bytes(), "config.json", "source.bad_config")
     if not isinstance(config, dict):
         raise SourceError("source.bad_config", "config.json is not a JSON object")
+    check_config(config)
     shard_paths = _shards(root)
     if not shard_paths:
         raise SourceError("source.missing", "no .safetensors weights in the source directory")
@@ -145,4 +178,6 @@ def open_source(root: Path) -> SourceModel:
             owner[name] = path.name
         tensors.update(_logical_tensors(file))
     _check_index(root, owner)
-    return SourceModel(root, MappingProxyType(config), MappingProxyType(tensors), tuple(shard_paths))
+    source = SourceModel(root, MappingProxyType(config), MappingProxyType(tensors), tuple(shard_paths))
+    _check_side_files(source)
+    return source

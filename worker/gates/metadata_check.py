@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from worker.blockers import Blocker
+from worker.formats.gguf_strings import StringArray
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
 from worker.gates.architectures import Architecture
@@ -62,7 +63,7 @@ def _plain(value: Any) -> Any:
     value = getattr(value, "values", value)
     if isinstance(value, np.ndarray):
         return value.tolist()
-    if isinstance(value, tuple):
+    if isinstance(value, tuple | StringArray):
         return list(value)
     return value
 
@@ -82,6 +83,49 @@ def _differs_at(expected: list[Any], actual: list[Any]) -> str:
         parts.append(f"length {len(actual)}, expected {len(expected)}")
     parts.extend(f"[{i}] is {actual[i]!r}, expected {expected[i]!r}" for i in diffs[:3])
     return "; ".join(parts)
+
+
+# Keys whose GGUF value is an array that an integer expectation counts (token_embd rows vs tokens).
+COUNTED_ARRAYS = frozenset({"tokenizer.ggml.tokens"})
+
+
+def value_kind(value: Any) -> str:
+    """The GGUF value kind of a parsed (plain) value, as an error message names it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else type(value).__name__
+
+
+def _type_fits(exp: Expectation, actual: Any) -> bool:
+    """Whether `actual` has the kind llama.cpp reads for `exp.key` (the kind of the expected value)."""
+    if exp.is_float:
+        return isinstance(actual, int | float) and not isinstance(actual, bool)
+    if isinstance(exp.expected, bool):
+        return isinstance(actual, bool)
+    if isinstance(exp.expected, int):
+        if exp.key in COUNTED_ARRAYS:
+            return isinstance(actual, list)
+        return isinstance(actual, int) and not isinstance(actual, bool)
+    if isinstance(exp.expected, str):
+        return isinstance(actual, str)
+    if isinstance(exp.expected, list):
+        return isinstance(actual, list)
+    return True
+
+
+def _wrong_type(exp: Expectation, present: bool, actual: Any) -> str | None:
+    if not present or _type_fits(exp, actual):
+        return None
+    wanted = "a number" if exp.is_float else value_kind(exp.expected)
+    if exp.key in COUNTED_ARRAYS:
+        wanted = "an array"
+    return f"{exp.key} holds {value_kind(actual)}, llama.cpp reads it as {wanted}"
 
 
 def _disagreement(exp: Expectation, present: bool, actual: Any) -> str | None:
@@ -128,12 +172,13 @@ def check_metadata(arch: Architecture, layout: GGUFLayout, source: SourceModel) 
     tokenizer = TokenizerFiles.read(source)
     for exp in _expectations(arch, layout, source, tokenizer):
         present = exp.key in metadata
-        why = _disagreement(exp, present, metadata.get(exp.key))
+        wrong_type = _wrong_type(exp, present, metadata.get(exp.key))
+        why = wrong_type or _disagreement(exp, present, metadata.get(exp.key))
         outcome.checks.append(MetadataCheck(key=exp.key, expected=_summary(exp.expected),
                                             actual=_summary(metadata.get(exp.key)), origin=exp.origin,
                                             result="ok" if why is None else "fail"))
         if why is not None:
-            code = "metadata.missing" if not present else _code(exp.key, arch)
+            code = "metadata.wrong_type" if wrong_type else "metadata.missing" if not present else _code(exp.key, arch)
             outcome.blockers.append(Blocker(code=code, gate="storage", why=why, key=exp.key))
     if tokenizer is not None:
         findings, outcome.flags = flag_findings(tokenizer, metadata)

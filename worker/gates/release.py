@@ -58,6 +58,8 @@ def _remeasure_logits(candidate: LlamaCandidate, measured: RuntimeMeasurements, 
     logits = candidate.logits(ids)
     top1 = logits.argmax(-1).tolist()
     details.update(positions=len(ids), top1_equal_to_gate2=tuple(top1) == measured.logits_top1)
+    if not ids:
+        return [Blocker(code="gate.not_run", gate="release", why="the text tokenized to nothing: no logits measured")]
     if not np.all(np.isfinite(logits)):
         return [Blocker(code="release.not_finite", gate="release", why="non-finite logits")]
     if measured.logits_top1 and tuple(top1) != measured.logits_top1:
@@ -107,5 +109,7 @@ def run_release_gate(
                 candidate.close()
     details["compared_with_gate2"] = measured is not None
     status = "failed" if blockers else "passed"
+    if any(b.code == "gate.not_run" for b in blockers):
+        status = "not_run"
     return GateResult(name="release", status=status, seconds=time.perf_counter() - started, details=details), \
         blockers, files

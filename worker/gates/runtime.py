@@ -2,7 +2,9 @@
 
 Tokenizer parity first (every text, every flag combination), then embeddings (encoder or decoder
 embedding models, by the source's sentence-transformers pooling) or logits (causal LMs).
-The measurements gate 3 re-checks on the released file are returned alongside.
+The measurements gate 3 re-checks on the released file are returned alongside. A gate that
+measured nothing (every text longer than the context, no logits position compared) is `not_run`
+with a `gate.not_run` blocker: 0 == 0 agreements and a NaN cosine are not a pass.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from worker.blockers import Blocker
-from worker.errors import ReferenceMissingError
+from worker.errors import CodedError, ReferenceMissingError, SourceError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
 from worker.gates.embedding_parity import check_embeddings
@@ -53,8 +55,12 @@ def model_kind(source: SourceModel, sentence: SentenceConfig, requested: str = "
 
 
 def context_size(layout: GGUFLayout, policy: Policy) -> int:
+    """The context the runtime gates use: the GGUF's, capped by the policy (512 when absent)."""
     arch = layout.metadata.get("general.architecture")
-    return int(min(layout.metadata.get(f"{arch}.context_length", 512), policy.max_context_tokens))
+    value = layout.metadata.get(f"{arch}.context_length", 512)
+    if type(value) is not int or value <= 0:
+        raise CodedError("metadata.wrong_type", f"{arch}.context_length is {str(value)[:40]!r}, not a positive integer")
+    return min(value, policy.max_context_tokens)
 
 
 def text_set(user_texts: tuple[str, ...] | None, hf: HFTokenizer, candidate: LlamaCandidate,
@@ -111,6 +117,23 @@ def _fail(started: float, blocker: Blocker, **details: Any) -> tuple[GateResult,
     return result, [blocker], None
 
 
+def _not_run(started: float, why: str, details: dict[str, Any],
+             blockers: list[Blocker]) -> tuple[GateResult, list[Blocker], None]:
+    """Nothing was measured: never a pass, whatever else was (not) found."""
+    result = GateResult(name="runtime", status="not_run", seconds=time.perf_counter() - started,
+                        details={**details, "why": why})
+    return result, [*blockers, Blocker(code="gate.not_run", gate="runtime", why=why)], None
+
+
+def nothing_measured(details: dict[str, Any]) -> str | None:
+    """Why the embeddings or logits comparison measured nothing, or None when it measured something."""
+    if "embeddings" in details and not details["embeddings"]["per_text"]:
+        return "no text's embedding could be compared with the reference"
+    if "logits" in details and not details["logits"]["per_text"]:
+        return "no logits position could be compared with the reference"
+    return None
+
+
 def run_runtime_gate(
     artifact: Path,
     layout: GGUFLayout,
@@ -126,7 +149,11 @@ def run_runtime_gate(
     if kind is None:
         return _fail(started, Blocker(code="runtime.unknown_model_kind", gate="runtime",
                                       why="no sentence-transformers pooling and no *ForCausalLM architecture"))
-    n_ctx = context_size(layout, policy)
+    try:
+        n_ctx = context_size(layout, policy)
+    except CodedError as exc:
+        return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why,
+                                      key=f"{layout.metadata.get('general.architecture')}.context_length"))
     try:
         hf = HFTokenizer(source.root / "tokenizer.json")
         progress("runtime", 0, 3)
@@ -135,8 +162,13 @@ def run_runtime_gate(
         return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
     except CandidateLoadError as exc:
         return _fail(started, Blocker(code="runtime.load_failed", gate="runtime", why=str(exc)))
+    except SourceError as exc:
+        return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why))
     try:
         texts, skipped = text_set(user_texts, hf, candidate, n_ctx)
+        if not texts:
+            why = f"every text is longer than the context ({n_ctx} tokens): nothing was measured"
+            return _not_run(started, why, {"kind": kind, "n_ctx": n_ctx, "texts": [], "skipped_texts": skipped}, [])
         tokens = check_tokenizer(texts, hf.encode, candidate.tokenize, hf.raw, dict(layout.metadata),
                                  policy.token_ids_exact)
         progress("runtime", 1, 3)
@@ -156,6 +188,8 @@ def run_runtime_gate(
             found, details["logits"], measured = _measure_logits(texts, model, candidate, policy, thresholds, n_ctx)
         blockers.extend(found)
         progress("runtime", 3, 3)
+        if empty := nothing_measured(details):
+            return _not_run(started, empty, details, blockers)
     except ReferenceMissingError as exc:
         return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
     finally:

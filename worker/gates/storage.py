@@ -62,8 +62,14 @@ def run_storage_gate(
     if arch is None:
         why = f"architecture {arch_name!r} has no name map (supported: bert, llama, qwen2, qwen3)"
         return _failed(started, [Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)])
-    inventory = take_inventory(arch, layout, source)
-    metadata = check_metadata(arch, layout, source)
+    try:
+        inventory = take_inventory(arch, layout, source)
+        metadata = check_metadata(arch, layout, source)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        # The architecture derives names and metadata from config.json fields that may be absent or
+        # garbled (types are checked when the source is opened; presence depends on the architecture).
+        why = f"config.json cannot give what {arch_name} needs: {type(exc).__name__} {str(exc)[:80]}"
+        return _failed(started, [Blocker(code="source.bad_config", gate="input", why=why)])
     blockers = list(inventory.blockers) + metadata.blockers
     rows: list[TensorRow] = []
     file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
@@ -98,4 +104,8 @@ def run_storage_gate(
         "tensors": [row.model_dump() for row in rows],
     }
     status = "failed" if blockers else "passed"
+    if not rows:
+        why = "no GGUF tensor was compared with a source tensor: nothing was measured"
+        blockers.append(Blocker(code="gate.not_run", gate="storage", why=why))
+        status, details["why"] = "not_run", why
     return GateResult(name="storage", status=status, seconds=time.perf_counter() - started, details=details), blockers

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from worker.blockers import Blocker
+from worker.errors import UnsupportedTypeError
+from worker.formats.ggml_types import UNCHECKED_TYPES
 from worker.formats.gguf_structure import TensorInfo
 from worker.formats.source import SourceTensor
 from worker.gates.architectures import RowTransform
@@ -221,6 +223,8 @@ def check_tensor(
 ) -> tuple[TensorRow, list[Blocker]]:
     """Compare one GGUF tensor with its source; returns its report row and any blockers."""
     ggml_type = info.ggml_type
+    if ggml_type.name in UNCHECKED_TYPES:
+        raise UnsupportedTypeError(f"{info.name} is stored as {ggml_type.name}; no check exists for that type")
     row_len = info.shape[0]
     n_rows = info.n_elements // row_len if row_len else 0
     raw_rows = file_bytes[info.offset : info.offset + info.nbytes].reshape(n_rows, ggml_type.row_bytes(row_len))

@@ -49,9 +49,8 @@ class TokenizerFiles:
             return None
         config = source.read_json("tokenizer_config.json") or {}
         template = config.get("chat_template")
-        jinja = source.root / "chat_template.jinja"
-        if template is None and jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
+        if template is None:
+            template = source.read_text("chat_template.jinja")
         return cls(tokenizer, config, source.config, template if isinstance(template, str) else None)
 
     @property

@@ -7,14 +7,14 @@ Library errors are translated into `ReferenceMissingError` here, at the boundary
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from worker.errors import ReferenceMissingError
+from worker.errors import ReferenceMissingError, SourceError
+from worker.formats.json_input import parse_json
 from worker.runtime.sentence_config import Pooling
 
 
@@ -26,8 +26,14 @@ class HFTokenizer:
             raise ReferenceMissingError("the `tokenizers` package is not installed") from exc
         if not tokenizer_json.is_file():
             raise ReferenceMissingError(f"the source has no {tokenizer_json.name}")
-        self.raw: dict[str, Any] = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        raw = parse_json(tokenizer_json.read_bytes(), tokenizer_json.name)
+        if not isinstance(raw, dict):
+            raise SourceError("source.bad_file", f"{tokenizer_json.name} is not a JSON object")
+        self.raw: dict[str, Any] = raw
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        except Exception as exc:  # the Rust library raises a bare Exception for any malformed file
+            raise SourceError("source.bad_file", f"`tokenizers` refuses {tokenizer_json.name}: {exc}") from exc
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
 

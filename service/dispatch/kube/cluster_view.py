@@ -22,6 +22,20 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 VISIBILITY_PATH = "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads"
 
 
+def positions_from(summary: Any) -> dict[str, int]:
+    """Job name -> position, from a PendingWorkloadsSummary; raises on any answer of another shape, so
+    a half-read summary never shows wrong positions."""
+    positions = {}
+    for item in summary["items"] if summary else []:
+        for owner in item["metadata"].get("ownerReferences") or []:
+            if owner.get("kind") == "Job":
+                position = item.get("positionInLocalQueue", 0)
+                if not isinstance(position, int) or isinstance(position, bool) or not isinstance(owner["name"], str):
+                    raise TypeError(f"pending workload entry of an unexpected shape: {item!r:.200}")
+                positions[owner["name"]] = position
+    return positions
+
+
 class ClusterView:
     def __init__(self, api: k8s.ApiClient, kube: KubernetesSettings) -> None:
         self.api, self.kube = api, kube
@@ -40,23 +54,42 @@ class ClusterView:
         except Exception as exc:
             raise translate(exc, action) from exc
 
-    def create_job(self, body: dict[str, Any]) -> None:
-        """Create, retrying transient failures; an AlreadyExists answer means an earlier try worked."""
+    def _create(self, kind: str, body: dict[str, Any], create: Callable[..., Any]) -> Any | None:
+        """Create, retrying transient failures; None when an AlreadyExists answer says an earlier try worked."""
         name = body["metadata"]["name"]
         for attempt in range(self.kube.create_attempts):
             try:
                 # the client serializes plain dicts as they are; the model class adds nothing here
-                self.batch.create_namespaced_job(self.kube.namespace, cast(Any, body),
-                                                 _request_timeout=self.kube.api_timeout_seconds)
-                return
+                return create(self.kube.namespace, cast(Any, body), _request_timeout=self.kube.api_timeout_seconds)
             except Exception as exc:
                 if is_already_exists(exc):
-                    log.info("job %s already exists: created by an earlier try", name)
-                    return
-                error = translate(exc, f"create job {name}")
+                    log.info("%s %s already exists: created by an earlier try", kind, name)
+                    return None
+                error = translate(exc, f"create {kind} {name}")
                 if not error.retryable or attempt + 1 == self.kube.create_attempts:
                     raise error from exc
                 time.sleep(self.kube.retry_backoff_seconds * 2**attempt)
+        raise AssertionError("unreachable: the last try raises")
+
+    def create_job(self, body: dict[str, Any]) -> str:
+        """Create the Job; returns its uid (read back when an earlier try had created it)."""
+        created = self._create("job", body, self.batch.create_namespaced_job)
+        if created is not None:
+            return str(created.metadata.uid)
+        return self.job_uid(body["metadata"]["name"])
+
+    def job_uid(self, name: str) -> str:
+        """Through `list` with a field selector: the Role needs no `get` on Jobs for this."""
+        jobs = self._call(f"find job {name}", self.batch.list_namespaced_job, self.kube.namespace,
+                          field_selector=f"metadata.name={name}")
+        for job in self.api.sanitize_for_serialization(jobs).get("items", []):
+            if job["metadata"]["name"] == name:
+                return str(job["metadata"]["uid"])
+        raise KubeError(f"job {name} exists but cannot be found", status=None, retryable=True)
+
+    def create_secret(self, body: dict[str, Any]) -> None:
+        """Create a Secret; AlreadyExists means an earlier try of the same attempt created it."""
+        self._create("secret", body, self.core.create_namespaced_secret)
 
     def delete_job(self, name: str) -> None:
         try:
@@ -79,13 +112,11 @@ class ClusterView:
         if answer.status >= 400:
             raise KubeError(f"read pending workloads: HTTP {answer.status}", status=answer.status,
                             retryable=answer.status in RETRYABLE_STATUS)
-        response = json.loads(answer.data or b"{}")
-        positions = {}
-        for item in (response or {}).get("items", []):
-            for owner in item.get("metadata", {}).get("ownerReferences", []):
-                if owner.get("kind") == "Job":
-                    positions[owner["name"]] = int(item.get("positionInLocalQueue", 0))
-        return positions
+        try:
+            return positions_from(json.loads(answer.data or b"{}"))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # the answer, not the call, is broken
+            raise KubeError(f"read pending workloads: unreadable answer ({type(exc).__name__}: {exc})",
+                            status=answer.status, retryable=True) from exc
 
     def refresh(self) -> None:
         selector = ",".join(f"{k}={v}" for k, v in APP_LABELS.items())

@@ -18,10 +18,11 @@ from service.dispatch.base import WorkerExit
 from service.dispatch.kube.cluster_state import ClusterStatus, job_status
 from service.dispatch.kube.cluster_view import ClusterView
 from service.dispatch.kube.errors import KubeError
-from service.dispatch.kube.job_manifest import ATTEMPT_LABEL, build_job, job_name
+from service.dispatch.kube.job_manifest import ATTEMPT_LABEL, build_attempt_secret, build_job, job_name
+from service.lifecycle import Reason, State
 from service.persistence import repository
 from service.persistence.models import Verification
-from service.states import State
+from worker.errors import ConvgateError
 
 log = logging.getLogger("convgate.kubernetes")
 
@@ -46,6 +47,9 @@ class KubernetesDispatcher:
         self.reported: set[str] = set()
         self.paused_until = 0.0  # after a create failed for good (e.g. Kueue's webhook down)
         self.pause_reason: str | None = None
+        # verification id -> how often the API server refused its Job for good (400/403/422), and the
+        # last refusal; counted per process, so a restart allows `refused_creates_before_failing` more
+        self.refusals: dict[str, tuple[int, KubeError]] = {}
 
     # kept as attributes for callers and tests that read the last poll
     @property
@@ -72,16 +76,38 @@ class KubernetesDispatcher:
         unfinished = sum(1 for job in self.view.jobs.values() if not self._status(job).job_finished)
         return max(self.kube.max_jobs_in_flight - unfinished, 0)
 
-    def launch(self, verification_id: str, attempt: int) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+        """Create the attempt's Job and, for restricted workers, the Secret holding `attempt_secret`
+        (issued with the claim), owned by the Job so it is deleted with it."""
+        restricted = self.kube.worker_database_secret is not None
+        if restricted and not attempt_secret:
+            raise ConvgateError(f"verification {verification_id}: a restricted worker needs its attempt secret")
         body = build_job(self.settings, verification_id, attempt)
         try:
-            self.view.create_job(body)
+            uid = self.view.create_job(body)
+            if restricted and attempt_secret:
+                self._hand_over(body, build_attempt_secret(self.kube, verification_id, attempt, attempt_secret, uid))
         except KubeError as exc:
             self.paused_until = time.monotonic() + self.kube.create_pause_seconds
             self.pause_reason = str(exc)
+            if exc.refused:
+                self.refusals[verification_id] = (self.refusals.get(verification_id, (0, exc))[0] + 1, exc)
             raise
         self.paused_until, self.pause_reason = 0.0, None
+        self.refusals.pop(verification_id, None)
         self.view.jobs[verification_id] = body | {"status": {}}
+
+    def _hand_over(self, job: dict[str, Any], secret: dict[str, Any]) -> None:
+        """Create the attempt's Secret; if that fails, take the Job back (best effort), so no pod of an
+        attempt that went back to the queue waits for a secret that will never come."""
+        try:
+            self.view.create_secret(secret)
+        except KubeError:
+            try:
+                self.view.delete_job(job["metadata"]["name"])
+            except KubeError as exc:
+                log.warning("could not delete %s after its Secret failed: %s", job["metadata"]["name"], exc)
+            raise
 
     def reap(self) -> list[WorkerExit]:
         exits = []
@@ -94,8 +120,7 @@ class KubernetesDispatcher:
                 reason = status.status
                 if status.job_failed_reason is not None:
                     reason = f"{reason}; {self.view.pod_failure(name) or 'no pod outcome recorded'}"
-                exits.append(WorkerExit(verification_id, attempt, reason, clean=status.job_failed_reason is None,
-                                        worker_prefix=f"{name}-"))
+                exits.append(WorkerExit(verification_id, attempt, reason, clean=status.job_failed_reason is None))
         return exits
 
     def active(self) -> set[str]:
@@ -120,12 +145,33 @@ class KubernetesDispatcher:
             status = self._status(job).status
             position = self.view.positions.get(job["metadata"]["name"])
             repository.record_cluster_status(session, verification, status, position)
+            if status.startswith("evicted") and verification.state == State.RUNNING:  # wait for re-admission
+                repository.release_evicted(session, verification_id, int(job["metadata"]["labels"][ATTEMPT_LABEL]),
+                                           status, self.identity)
         self._lost_jobs(session)
+        self._fail_refused(session)
+
+    def _fail_refused(self, session: Session) -> None:
+        """A verification whose Job the API server refused for good `refused_creates_before_failing`
+        times fails with the server's reason instead of going round the queue for ever."""
+        for verification_id, (count, error) in list(self.refusals.items()):
+            if count < self.kube.refused_creates_before_failing:
+                continue
+            del self.refusals[verification_id]
+            verification = repository.get_verification(session, verification_id)
+            if verification is None or verification.state != State.QUEUED:
+                continue  # cancelled meanwhile, or another replica got a Job created
+            repository.record_cluster_status(session, verification, error.cluster_status, None)
+            reason = str(error)
+            if not repository.fail_unlaunchable(session, verification_id, reason,
+                                                f"job refused by the API server {count} times: {reason}"):
+                continue  # claimed or cancelled meanwhile: a conditional write, someone else won
+            log.warning("verification %s failed: its Job was refused %s times: %s", verification_id, count, reason)
 
     def _expected_job(self, verification: Verification) -> str | None:
         """The Job that should exist for this verification's current attempt, if it is ours."""
         if verification.state == State.DISPATCHED and verification.worker == self.identity:
-            return job_name(verification.id, verification.attempt + 1)
+            return job_name(verification.id, verification.attempt)  # the claim assigned the number
         worker, prefix = verification.worker or "", f"convgate-{verification.id}-"
         if verification.state == State.RUNNING and worker.startswith(prefix):
             number = worker[len(prefix):].split("-", 1)[0]  # pod name: <job name>-<random suffix>
@@ -146,7 +192,8 @@ class KubernetesDispatcher:
             else:
                 continue  # just claimed: another replica may be creating it right now
             log.warning("verification %s: %s", verification.id, reason)
-            repository.end_attempt_without_verdict(session, verification.id, None, reason)
+            repository.end_attempt_without_verdict(session, verification.id, verification.attempt, Reason.JOB_LOST,
+                                                   reason)
 
     def shutdown(self) -> None:
         self.api.close()

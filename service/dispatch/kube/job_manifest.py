@@ -4,10 +4,12 @@ filesystem with a size-limited scratch volume for the artifact cache."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 from service.config import KubernetesSettings, Settings
+from service.persistence.worker_channel import ATTEMPT_SECRET_ENV
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -17,6 +19,7 @@ APP_LABELS = {"app.kubernetes.io/name": "convgate", "app.kubernetes.io/component
 ALLOWED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 SCRATCH = "/scratch"
 WORKER_UID = 10001
+ATTEMPT_SECRET_KEY = "secret"
 
 
 def job_name(verification_id: str, attempt: int) -> str:
@@ -33,11 +36,45 @@ def _resources(kube: KubernetesSettings) -> dict[str, dict[str, str]]:
     }
 
 
-def _env(settings: Settings) -> list[dict[str, Any]]:
+def attempt_secret_name(verification_id: str, attempt: int) -> str:
+    """The per-attempt Secret: one per Job, owned by it (ownerReferences), so it goes when the Job goes."""
+    return f"{job_name(verification_id, attempt)}-attempt"
+
+
+def _database_env(kube: KubernetesSettings, verification_id: str, attempt: int) -> list[dict[str, Any]]:
+    """With a worker database Secret: the restricted login's URL and this attempt's own secret (from its
+    per-attempt Secret: `view` RBAC, which reads Jobs and pods, does not read Secrets). The reference is
+    optional, so a pod whose Secret never came (the dispatcher died in between) starts, finds no secret,
+    and fails at once instead of waiting for it until the deadline. Without: the service's own URL."""
+    if kube.worker_database_secret is None:
+        return [{"name": "CONVGATE_DATABASE_URL",
+                 "valueFrom": {"secretKeyRef": {"name": kube.database_secret, "key": kube.database_secret_key}}}]
+    return [
+        {"name": "CONVGATE_DATABASE_URL", "valueFrom": {"secretKeyRef": {
+            "name": kube.worker_database_secret, "key": kube.worker_database_secret_key}}},
+        {"name": ATTEMPT_SECRET_ENV, "valueFrom": {"secretKeyRef": {
+            "name": attempt_secret_name(verification_id, attempt), "key": ATTEMPT_SECRET_KEY, "optional": True}}},
+    ]
+
+
+def build_attempt_secret(kube: KubernetesSettings, verification_id: str, attempt: int, secret: str,
+                         job_uid: str) -> dict[str, Any]:
+    """The Secret holding one attempt's secret, owned by that attempt's Job, immutable."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+        "metadata": {"name": attempt_secret_name(verification_id, attempt), "namespace": kube.namespace,
+                     "labels": {**APP_LABELS, VERIFICATION_LABEL: verification_id, ATTEMPT_LABEL: str(attempt)},
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                          "name": job_name(verification_id, attempt), "uid": job_uid,
+                                          "blockOwnerDeletion": False}]},
+        "data": {ATTEMPT_SECRET_KEY: base64.b64encode(secret.encode()).decode()},
+    }
+
+
+def _env(settings: Settings, verification_id: str, attempt: int) -> list[dict[str, Any]]:
     kube = settings.kubernetes
     env: list[dict[str, Any]] = [
-        {"name": "CONVGATE_DATABASE_URL",
-         "valueFrom": {"secretKeyRef": {"name": kube.database_secret, "key": kube.database_secret_key}}},
+        *_database_env(kube, verification_id, attempt),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "CONVGATE_CACHE_DIR", "value": f"{SCRATCH}/cache"},
         {"name": "HOME", "value": f"{SCRATCH}/home"},
@@ -46,6 +83,11 @@ def _env(settings: Settings) -> list[dict[str, Any]]:
         # the same file:// rule the service applied when it accepted the request (false in the chart)
         {"name": "CONVGATE_ALLOW_FILE_URIS", "value": "true" if settings.allow_file_uris else "false"},
         {"name": "CONVGATE_LEASE_SECONDS", "value": str(settings.lease_seconds)},
+        # the worker re-checks every URI with the same policy the service applied at submission
+        {"name": "CONVGATE_FILE_ROOTS", "value": json.dumps([str(root) for root in settings.file_roots])},
+        {"name": "CONVGATE_FETCH_ATTEMPTS", "value": str(settings.fetch_attempts)},
+        {"name": "CONVGATE_FETCH_BACKOFF_SECONDS", "value": str(settings.fetch_backoff_seconds)},
+        {"name": "CONVGATE_FETCH_MAX_BACKOFF_SECONDS", "value": str(settings.fetch_max_backoff_seconds)},
     ]
     if settings.allowed_hosts is not None:
         env.append({"name": "CONVGATE_ALLOWED_HOSTS", "value": json.dumps(list(settings.allowed_hosts))})
@@ -66,9 +108,9 @@ def build_job(settings: Settings, verification_id: str, attempt: int) -> dict[st
         "name": "worker",
         "image": kube.image,
         "imagePullPolicy": kube.image_pull_policy,
-        "command": ["convgate", "worker", "run", "--verification-id", verification_id,
+        "command": ["convgate", "worker", "run", "--verification-id", verification_id, "--attempt", str(attempt),
                     "--worker-name", "$(POD_NAME)"],
-        "env": _env(settings),
+        "env": _env(settings, verification_id, attempt),
         "resources": _resources(kube),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},

@@ -44,3 +44,21 @@ seccompProfile:
       name: {{ include "convgate.databaseSecret" . }}
       key: {{ .Values.database.key }}
 {{- end -}}
+
+{{- /* Egress every convgate pod needs: DNS (kube-system) and the database (its CIDR, else any address on its port). */}}
+{{- define "convgate.egressDnsAndDatabase" -}}
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: kube-system
+  ports:
+    - {protocol: UDP, port: 53}
+    - {protocol: TCP, port: 53}
+- ports:
+    - {protocol: TCP, port: {{ .Values.networkPolicy.databasePort }}}
+  {{- with .Values.networkPolicy.databaseCIDR }}
+  to:
+    - ipBlock:
+        cidr: {{ . }}
+  {{- end }}
+{{- end -}}

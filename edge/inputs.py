@@ -1,0 +1,53 @@
+"""The edges' one call: fetch a verification's inputs, then run the pure engine on local files.
+
+A source that cannot be had is `SourceUnavailableError` (no verdict possible); an artifact or
+release file refused or answered definitively (404, digest mismatch, outside the roots) is a NO-GO
+with its blocker; a transient failure raises `TransientFetchError` so the attempt ends without a
+verdict. The report names the artifact by its redacted URI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge.download import FetchPolicy
+from edge.errors import FetchError
+from edge.fetch import fetch_artifact, fetch_source, local_file
+from edge.redact import redact
+from edge.store import ContentStore
+from worker.blockers import Blocker
+from worker.engine import LocalInputs, SourceUnavailableError, VerifyRequest, unfetched, verify
+from worker.policy import Policy
+from worker.progress import Progress, no_progress
+from worker.report import Report
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputUris:
+    """Where a verification's files are, as submitted (possibly secret-bearing: never displayed)."""
+
+    source: str
+    artifact: str
+    release_files: tuple[str, ...] = ()
+
+
+def _release_files(uris: InputUris, fetch: FetchPolicy) -> tuple[Path, ...]:
+    """Release files are local (`file://`): the same root check as at submission."""
+    return tuple(local_file(uri, fetch, must_exist=False) for uri in uris.release_files)
+
+
+def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,
+                     store: ContentStore, progress: Progress = no_progress) -> Report:
+    try:
+        source = fetch_source(uris.source, store, fetch)
+    except FetchError as exc:
+        raise SourceUnavailableError(exc.why) from exc
+    try:
+        artifact = fetch_artifact(uris.artifact, request.expected_sha256, store, fetch,
+                                  lambda done, total: progress("download", done, total))
+        release = _release_files(uris, fetch)
+    except FetchError as exc:
+        return unfetched(request, policy, Blocker(code=exc.code, gate="input", why=exc.why))
+    inputs = LocalInputs(source=source, artifact=artifact, artifact_uri=redact(uris.artifact), release_files=release)
+    return verify(request, inputs, policy, progress)

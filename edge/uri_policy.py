@@ -1,0 +1,113 @@
+"""Which URIs may be fetched: the one policy, applied at submission and by the transport on every
+request and redirect hop. `https://` only (plus the operator's own hub endpoint), hosts compared
+case-insensitively without a trailing dot, cloud metadata hosts always refused, addresses public
+after unwrapping IPv4-in-IPv6 (`edge.addresses`); `hf://` must pin a commit; `file://` only inside
+the configured roots (`edge.file_roots`). Messages never quote a URI's secrets."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from edge.addresses import IPAddress, refusal
+from edge.file_roots import OutsideRootsError, file_uri_path, inside
+from edge.redact import redact
+
+HF_URI = re.compile(r"^hf://(?P<repo>[\w.-]+/[\w.-]+)@(?P<rev>[0-9a-f]{40})(?:/(?P<path>.+))?$")
+METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data", "metadata.azure.internal"})
+
+Resolver = Callable[[str], list[IPAddress]]
+
+
+class UriRefusedError(ValueError):
+    """The URI is outside the configured policy (a definitive answer: never retried)."""
+
+
+def normal_host(host: str) -> str:
+    """Hosts compare case-insensitively and without the root's trailing dot."""
+    return host.strip("[]").lower().rstrip(".")
+
+
+def system_resolver(host: str) -> list[IPAddress]:
+    """Every address `host` resolves to (a literal address is itself)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UriRefusedError(f"host {host!r} does not resolve") from exc
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UriPolicy:
+    allow_file: bool = False
+    file_roots: tuple[Path, ...] = ()
+    allowed_hosts: tuple[str, ...] | None = None
+    allow_private_addresses: bool = False
+    trusted_hosts: tuple[str, ...] = ()
+    resolver: Resolver = system_resolver
+
+    def check(self, uri: str, *, directory: bool = False) -> None:
+        """Refuse a submitted URI that the worker would refuse (without touching the files)."""
+        scheme = urlsplit(uri).scheme
+        if scheme == "file":
+            self.local_path(uri, must_exist=False)
+        elif scheme == "hf":
+            match = HF_URI.match(uri)
+            if match is None or (directory and match["path"]):
+                raise UriRefusedError("hf:// URIs must pin a 40-hex commit: hf://owner/repo@<commit>[/path]")
+        elif scheme != "https" or directory:
+            raise UriRefusedError(f"scheme {scheme or '(none)'!r} is not allowed here")
+        else:
+            self.addresses(self.check_url(uri))
+
+    def local_path(self, uri: str, *, must_exist: bool = True) -> Path:
+        """The resolved local path of a `file://` URI (or plain path) inside an allowed root."""
+        if not self.allow_file:
+            raise UriRefusedError("file:// URIs are disabled on this server")
+        if not self.file_roots:
+            raise UriRefusedError("file:// URIs are refused: no file roots are configured (file_roots)")
+        try:
+            path = inside(file_uri_path(uri), self.file_roots)
+        except OutsideRootsError as exc:
+            raise UriRefusedError(redact(str(exc))) from exc
+        if must_exist and not path.exists():
+            raise UriRefusedError(f"{path} does not exist")
+        return path
+
+    def check_url(self, url: str, *, allowed_origins: frozenset[str] = frozenset()) -> str:
+        """The normalised host of an `https://` URL (or of one of `allowed_origins`) the policy admits."""
+        parts = urlsplit(url)
+        host = normal_host(parts.hostname or "")
+        origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}".lower()
+        if parts.scheme != "https" and origin not in allowed_origins:
+            raise UriRefusedError(f"refusing {parts.scheme!r} URL {redact(url)} (only https)")
+        if not host:
+            raise UriRefusedError(f"{redact(url)} names no host")
+        if host in METADATA_HOSTS:
+            raise UriRefusedError(f"host {host!r} is a cloud metadata service")
+        if self.allowed_hosts is not None and host not in {normal_host(h) for h in self.allowed_hosts}:
+            raise UriRefusedError(f"host {host!r} is not in the allowed hosts")
+        return host
+
+    def addresses(self, host: str) -> list[IPAddress]:
+        """Resolve `host` once and return its addresses when every one may be connected to."""
+        try:  # a literal address is itself: no resolver is asked
+            addresses: list[IPAddress] = [ipaddress.ip_address(host)]
+        except ValueError:
+            addresses = self.resolver(host)
+        if not addresses:
+            raise UriRefusedError(f"host {host!r} does not resolve")
+        exempt = self.allow_private_addresses or normal_host(host) in {normal_host(h) for h in self.trusted_hosts}
+        for address in addresses:
+            if (why := refusal(address, allow_private=exempt)) is not None:
+                raise UriRefusedError(f"host {host!r}: {why}")
+        return addresses

@@ -1,0 +1,50 @@
+"""The access log: every read of a verification, its report or events, and every list query is
+recorded with who made it (token name and role), when and by which path, in the request's own unit
+of work, so a read that failed is not recorded as done. Auditors and admins read it back."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session
+
+from edge.redact import redact
+from service.api.cursors import decode_before_id, encode_before_id
+from service.api.deps import Principal, SessionDep, require
+from service.api.errors import ERRORS
+from service.auth import AUDIT
+from service.persistence import repository
+from service.schemas import PRINTABLE, UUID_PATTERN, AccessLogEntry, AccessLogPage, Moment
+
+Action = Literal["read_verification", "read_report", "read_events", "list_verifications", "read_access_log"]
+router = APIRouter(prefix="/v1", responses=ERRORS)
+
+
+def record(session: Session, request: Request, principal: Principal, action: Action,
+           verification_id: str | None = None) -> None:
+    """Log one read; query values are redacted (a source_uri filter may carry a presigned URL)."""
+    query = {key: redact(value) for key, value in request.query_params.items()}
+    repository.record_access(session, principal=principal.name, role=principal.role.value, action=action,
+                             path=request.url.path, query=query, verification_id=verification_id)
+
+
+@router.get("/access-log", response_model=AccessLogPage)
+def read_access_log(
+    request: Request, session: SessionDep, principal: Annotated[Principal, require(AUDIT)],
+    principal_name: Annotated[str | None, Query(alias="principal", max_length=128, pattern=PRINTABLE)] = None,
+    verification_id: Annotated[str | None, Query(pattern=UUID_PATTERN)] = None,
+    action: Action | None = None,
+    since: Moment | None = None,
+    until: Moment | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[str | None, Query(max_length=256)] = None,
+) -> AccessLogPage:
+    """Newest first. Reading the log is itself logged."""
+    filters = repository.AccessFilters(principal_name, verification_id, action, since, until)
+    rows, before = repository.access_log(session, filters, limit=limit, before_id=decode_before_id(cursor))
+    record(session, request, principal, "read_access_log")
+    items = [AccessLogEntry(id=row.id, at=repository.as_utc(row.at), principal=row.principal, role=row.role,
+                            action=row.action, verification_id=row.verification_id, path=row.path, query=row.query)
+             for row in rows]
+    return AccessLogPage(items=items, next_cursor=None if before is None else encode_before_id(before))

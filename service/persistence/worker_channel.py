@@ -1,0 +1,144 @@
+"""How a worker talks to the database about its one attempt: the `AttemptChannel` protocol and its
+two implementations.
+
+- `DirectChannel` (the local pool, the embedded default): the worker process holds the service's
+  own database URL and calls the repository, as the control plane does. Simple, and a local worker
+  runs on the operator's machine with the operator's files anyway.
+- `RestrictedChannel` (Kubernetes, `restricted_channel.py`): the worker holds a login that may only
+  EXECUTE the functions of migration 0006, plus the secret of its own attempt.
+
+Design (why an outbox): the restricted functions only *authenticate* (the secret of the current
+claim, a live verification) and *insert a report* into `worker_reports`. The control plane's
+dispatch loop then applies each report with `apply_worker_reports` (`worker_reports.py`) through
+`SessionAttempt` below - the same code `DirectChannel` runs - so there is one mapping from "start,
+heartbeat, verdict, end" to the repository, and the lifecycle's state and attempt fences are
+checked once, by the repository, whichever way a worker reports. Writing the verdict, its gate
+rows, tensor rows and digests directly in SQL would have been a second copy of `record_verdict`
+and of every guard, which would drift. The price: a restricted worker's report takes effect on the
+next dispatch tick, so the worker waits for its start to be accepted before it works, and for its
+verdict to be applied before it exits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.lifecycle import Reason, State
+from service.persistence import repository
+from service.persistence.db import make_engine, session_factory, transaction
+
+log = logging.getLogger("convgate.worker_channel")
+ATTEMPT_SECRET_ENV = "CONVGATE_ATTEMPT_SECRET"
+
+
+@dataclass(frozen=True, slots=True)
+class StartedAttempt:
+    """What a worker needs to run: its own request and the policy fixed at submission."""
+
+    request: dict[str, Any]
+    policy: dict[str, Any]
+
+
+class AttemptChannel(Protocol):
+    """One attempt of one verification, as its worker sees it. Every method is fenced by that attempt:
+    a superseded, cancelled or finished attempt changes nothing."""
+
+    verification_id: str
+    attempt: int
+    worker: str
+
+    def start(self) -> StartedAttempt | None:
+        """Take the attempt; None when there is nothing to run (another worker has it, or it ended)."""
+
+    def heartbeat(self, progress: dict[str, Any] | None) -> bool:
+        """Liveness and progress; False once the attempt is no longer this worker's."""
+
+    def record_verdict(self, report: dict[str, Any]) -> bool:
+        """Store the verdict; False when it was not recorded (a stale attempt)."""
+
+    def end_without_verdict(self, reason: str, *, give_up: bool = False) -> None:
+        """The attempt ends without a verdict: retried while attempts remain, or (give_up) failed now."""
+
+    def close(self) -> None:
+        """Release the channel's connections."""
+
+
+class SessionAttempt:
+    """The attempt operations inside a caller's transaction: the only place they meet the repository.
+    `DirectChannel` calls it for a local worker; `apply_worker_reports` for a restricted worker."""
+
+    def __init__(self, session: Session, verification_id: str, attempt: int, worker: str) -> None:
+        self.session, self.verification_id, self.attempt, self.worker = session, verification_id, attempt, worker
+
+    def start(self) -> StartedAttempt | None:
+        verification = repository.start_attempt(self.session, self.verification_id, self.worker, attempt=self.attempt)
+        if verification is None:
+            return None
+        return StartedAttempt(request=dict(verification.request), policy=dict(verification.policy))
+
+    def heartbeat(self, progress: dict[str, Any] | None) -> bool:
+        return repository.heartbeat(self.session, self.verification_id, self.attempt, progress, worker=self.worker)
+
+    def record_verdict(self, report: dict[str, Any]) -> bool:
+        return repository.record_verdict(self.session, self.verification_id, self.attempt, report, worker=self.worker)
+
+    def end_without_verdict(self, reason: str, *, give_up: bool = False) -> bool:
+        """True when this call ended the attempt."""
+        if give_up:
+            return repository.fail_permanently(self.session, self.verification_id, self.attempt, reason,
+                                               worker=self.worker)
+        before = repository.get_verification(self.session, self.verification_id)
+        if before is None or before.state != State.RUNNING:
+            return False
+        after = repository.end_attempt_without_verdict(self.session, self.verification_id, self.attempt,
+                                                       Reason.WORKER_ERROR, reason, worker=self.worker)
+        return after != State.RUNNING
+
+
+class DirectChannel:
+    """The local pool's path: each call is one transaction on the service's own database URL."""
+
+    def __init__(self, factory: sessionmaker[Session], verification_id: str, attempt: int, worker: str) -> None:
+        self.factory, self.verification_id, self.attempt, self.worker = factory, verification_id, attempt, worker
+
+    def close(self) -> None:
+        bind = self.factory.kw.get("bind")
+        if isinstance(bind, Engine):
+            bind.dispose()
+
+    def _in(self, session: Session) -> SessionAttempt:
+        return SessionAttempt(session, self.verification_id, self.attempt, self.worker)
+
+    def start(self) -> StartedAttempt | None:
+        with transaction(self.factory) as session:
+            return self._in(session).start()
+
+    def heartbeat(self, progress: dict[str, Any] | None) -> bool:
+        with transaction(self.factory) as session:
+            return self._in(session).heartbeat(progress)
+
+    def record_verdict(self, report: dict[str, Any]) -> bool:
+        with transaction(self.factory) as session:
+            return self._in(session).record_verdict(report)
+
+    def end_without_verdict(self, reason: str, *, give_up: bool = False) -> None:
+        with transaction(self.factory) as session:
+            self._in(session).end_without_verdict(reason, give_up=give_up)
+
+
+def channel_for(database_url: str, verification_id: str, attempt: int, worker: str,
+                environ: Mapping[str, str]) -> AttemptChannel:
+    """The restricted channel when the dispatcher handed this worker an attempt secret (a Kubernetes
+    Job), else the direct one (a local pool process)."""
+    secret = environ.get(ATTEMPT_SECRET_ENV)
+    if secret:
+        from service.persistence.restricted_channel import RestrictedChannel
+
+        return RestrictedChannel(database_url, verification_id, attempt, worker, secret)
+    return DirectChannel(session_factory(make_engine(database_url)), verification_id, attempt, worker)

@@ -1,0 +1,102 @@
+"""The access log: who (token name and role) read which verification, report, events or list query,
+when and by which path, kept in the database like the events (append-only), readable by auditors
+and admins through GET /v1/access-log. Run on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from service.api.app import create_app
+from service.auth import Role
+from service.persistence.db import make_engine
+from tests.service.conftest import add_token, settings_for
+
+SHA = "a" * 64
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def api(request, tmp_path):
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg")
+    app = create_app(settings_for(url, tmp_path, file_roots=(Path("/models"),)), run_dispatcher=False)
+    suffix = uuid.uuid4().hex[:6]
+    names = {role: f"{role.value}-{suffix}" for role in Role}
+    tokens = {role: add_token(url, role, names[role]) for role in Role}
+    with TestClient(app) as client:
+        client.tokens, client.names, client.url = tokens, names, url
+        yield client
+
+
+def call(api, who: Role, path: str, **kwargs):
+    return api.get(path, headers={"Authorization": f"Bearer {api.tokens[who]}"} | kwargs.pop("headers", {}),
+                   **kwargs)
+
+
+def submitted(api) -> str:
+    body = {"source_uri": "file:///models/m", "artifact_uri": "file:///models/m.gguf", "artifact_sha256": SHA}
+    response = api.post("/v1/verifications", json=body,
+                        headers={"Authorization": f"Bearer {api.tokens[Role.SUBMITTER]}"})
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def log(api, **params) -> list[dict]:
+    response = call(api, Role.AUDITOR, "/v1/access-log", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()["items"]
+
+
+def test_every_read_is_logged_with_who_what_and_when(api):
+    verification_id = submitted(api)
+    assert call(api, Role.OPERATOR, f"/v1/verifications/{verification_id}").status_code == 200
+    assert call(api, Role.SUBMITTER, f"/v1/verifications/{verification_id}/events").status_code == 200
+    assert call(api, Role.AUDITOR, f"/v1/verifications/{verification_id}/report").status_code == 404  # no verdict
+    assert call(api, Role.ADMIN, "/v1/verifications", params={"artifact_sha256": SHA, "limit": 5}).status_code == 200
+    entries = log(api, verification_id=verification_id)
+    assert [(e["principal"], e["role"], e["action"]) for e in entries] == [
+        (api.names[Role.SUBMITTER], "submitter", "read_events"),
+        (api.names[Role.OPERATOR], "operator", "read_verification"),
+    ]  # newest first; the refused report read returned nothing, so nothing was read
+    assert entries[1]["path"] == f"/v1/verifications/{verification_id}"
+    assert entries[0]["at"] >= entries[1]["at"]
+    (listing,) = log(api, principal=api.names[Role.ADMIN])
+    assert listing["action"] == "list_verifications" and listing["verification_id"] is None
+    assert listing["query"] == {"artifact_sha256": SHA, "limit": "5"}
+    assert log(api, action="read_events")[0]["verification_id"] == verification_id
+
+
+def test_the_list_of_reads_is_itself_logged_and_paged(api):
+    verification_id = submitted(api)
+    for _ in range(3):
+        call(api, Role.OPERATOR, f"/v1/verifications/{verification_id}")
+    first = call(api, Role.AUDITOR, "/v1/access-log", params={"limit": 2, "verification_id": verification_id}).json()
+    second = call(api, Role.AUDITOR, "/v1/access-log",
+                  params={"limit": 2, "verification_id": verification_id, "cursor": first["next_cursor"]}).json()
+    assert len(first["items"]) == 2 and len(second["items"]) == 1 and second["next_cursor"] is None
+    assert {e["id"] for e in first["items"]}.isdisjoint(e["id"] for e in second["items"])
+    audits = log(api, principal=api.names[Role.AUDITOR], action="read_access_log")
+    assert len(audits) >= 2  # the two pages just read (this read is the third)
+    assert call(api, Role.AUDITOR, "/v1/access-log", params={"cursor": "MQ=="}).status_code == 400
+
+
+@pytest.mark.parametrize("who", [Role.SUBMITTER, Role.POLICY_AUTHOR, Role.OPERATOR])
+def test_only_auditors_and_admins_read_the_log(api, who):
+    assert call(api, who, "/v1/access-log").status_code == 403
+    assert call(api, Role.ADMIN, "/v1/access-log").status_code == 200
+    assert api.get("/v1/access-log").status_code == 401
+
+
+def test_the_log_is_append_only(api):
+    call(api, Role.OPERATOR, f"/v1/verifications/{submitted(api)}")
+    engine = make_engine(api.url)
+    try:
+        for statement in ("UPDATE access_log SET principal = 'someone-else'", "DELETE FROM access_log"):
+            with pytest.raises(sqlalchemy.exc.DatabaseError, match="immutable"), engine.begin() as connection:
+                connection.execute(text(statement))
+    finally:
+        engine.dispose()

@@ -1,0 +1,140 @@
+"""Genuine races, two connections at once, on Postgres and SQLite: cancel against a verdict, two
+starts of one attempt, an ending against a verdict. Both writers are held at a barrier just before
+their conditional UPDATE, so each round really interleaves; exactly one must win every time.
+Plus SQLite's own fence: a transaction holds the write lock from its first statement."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.exc import OperationalError
+
+from service.lifecycle import Reason, State
+from service.persistence import repository
+from service.persistence.db import make_engine, session_factory, transaction
+from tests.service.test_lifecycle import REPORT, claimed, running, submitted
+
+ROUNDS = 8
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def engine(request):
+    url = request.getfixturevalue("pg" if request.param == "postgres" else "sqlite_url")
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def race(engine, first: Callable[[Any], Any], second: Callable[[Any], Any]) -> list[Any]:
+    """Run both in their own transactions; on Postgres, both wait at a barrier before their UPDATE."""
+    factory = session_factory(engine)
+    barrier = threading.Barrier(2, timeout=5)
+    local = threading.local()
+
+    def before_update(_conn, _cursor, statement: str, *_args) -> None:
+        if statement.lstrip().upper().startswith("UPDATE VERIFICATIONS") and not getattr(local, "passed", False):
+            local.passed = True
+            if engine.dialect.name == "postgresql":  # SQLite serialises whole transactions: no barrier inside
+                barrier.wait()
+
+    results: list[Any] = [None, None]
+    errors: list[BaseException] = []
+
+    def run(index: int, work: Callable[[Any], Any]) -> None:
+        try:
+            if engine.dialect.name == "sqlite":
+                barrier.wait()
+            with transaction(factory) as session:
+                results[index] = work(session)
+        except BaseException as exc:
+            errors.append(exc)
+
+    event.listen(engine, "before_cursor_execute", before_update)
+    try:
+        threads = [threading.Thread(target=run, args=(i, w)) for i, w in enumerate((first, second))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        event.remove(engine, "before_cursor_execute", before_update)
+    assert not errors, errors
+    return results
+
+
+def test_cancel_against_verdict_has_one_winner(engine):
+    factory = session_factory(engine)
+    outcomes = set()
+    for _ in range(ROUNDS):
+        verification_id = submitted(factory)
+        attempt = running(factory, verification_id)
+        cancelled, written = race(
+            engine, lambda s, v=verification_id: repository.cancel(s, v, "olga").state,
+            lambda s, v=verification_id, a=attempt: repository.record_verdict(s, v, a, REPORT, worker="w"))
+        with factory() as session:
+            final = repository.get_verification(session, verification_id)
+            verdict = repository.verdict_for(session, verification_id)
+        if written:
+            assert (final.state, cancelled, verdict.verdict) == (State.COMPLETED, State.COMPLETED, "GO")
+        else:
+            assert (final.state, cancelled, verdict) == (State.CANCELLED, State.CANCELLED, None)
+        outcomes.add(final.state)
+    assert outcomes <= {State.COMPLETED, State.CANCELLED}
+
+
+def test_two_starts_of_one_attempt_have_one_winner(engine):
+    factory = session_factory(engine)
+    for _ in range(ROUNDS):
+        verification_id = submitted(factory)
+        attempt = claimed(factory, verification_id)
+        results = race(engine,
+                       lambda s, v=verification_id, a=attempt: repository.start_attempt(s, v, "pod-a", attempt=a),
+                       lambda s, v=verification_id, a=attempt: repository.start_attempt(s, v, "pod-b", attempt=a))
+        winners = [r.worker for r in results if r is not None]
+        assert len(winners) == 1, winners
+        with factory() as session:
+            final = repository.get_verification(session, verification_id)
+            started = [e for e in repository.events(session, verification_id) if e.to_state == State.RUNNING]
+        assert (final.state, final.worker, len(started)) == (State.RUNNING, winners[0], 1)
+
+
+def test_ending_against_verdict_has_one_winner(engine):
+    factory = session_factory(engine)
+    for _ in range(ROUNDS):
+        verification_id = submitted(factory)
+        attempt = running(factory, verification_id)
+        ended, written = race(
+            engine,
+            lambda s, v=verification_id, a=attempt: repository.end_attempt_without_verdict(
+                s, v, a, Reason.WORKER_EXITED, "exit 1"),
+            lambda s, v=verification_id, a=attempt: repository.record_verdict(s, v, a, REPORT, worker="w"))
+        with factory() as session:
+            final = repository.get_verification(session, verification_id)
+            verdicts = session.scalar(text("SELECT count(*) FROM verdicts WHERE verification_id = :v"),
+                                      {"v": verification_id})
+        assert (final.state, verdicts, final.failed_attempts) == (
+            (State.COMPLETED, 1, 0) if written else (State.QUEUED, 0, 1)), ended
+
+
+def test_sqlite_transactions_take_the_write_lock_before_they_read(sqlite_url):
+    """pysqlite alone starts no transaction before a SELECT: check-then-act would be unfenced."""
+    engine = make_engine(sqlite_url)
+    impatient = make_engine(sqlite_url, busy_timeout_seconds=0.2)
+    factory = session_factory(engine)
+    verification_id = submitted(factory)
+    try:
+        with factory() as holder:
+            assert repository.get_verification(holder, verification_id).state == State.QUEUED  # reads only
+            with pytest.raises(OperationalError, match="database is locked"), \
+                    transaction(session_factory(impatient)) as other:
+                repository.claim(other, verification_id, "dispatcher")
+            holder.rollback()
+        with transaction(session_factory(impatient)) as other:  # released: the write goes through
+            assert repository.claim(other, verification_id, "dispatcher") is not None
+    finally:
+        impatient.dispose()
+        engine.dispose()

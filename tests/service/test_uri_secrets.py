@@ -1,0 +1,172 @@
+"""Secrets in submitted URIs (presigned query strings, `user:pass@`) never show: not in the API's
+answers, the stored columns, the report, the events or the logs. The worker still fetches with the
+real URI, kept only under the stored request's `fetch_uris`, which no endpoint returns."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from edge.download import FetchPolicy
+from edge.inputs import InputUris, fetch_and_verify
+from edge.redact import HIDDEN, install_log_redaction, redact
+from edge.retry import RetryPolicy
+from edge.store import ContentStore
+from edge.uri_policy import UriPolicy
+from service.api.app import create_app
+from service.auth import Role
+from service.fetching import FETCH_URIS, input_uris, public_request, stored_request
+from service.persistence import repository
+from service.persistence.db import make_engine, session_factory, transaction
+from service.schemas import SubmitRequest
+from service.verifications import submit
+from tests.service.conftest import add_token, settings_for
+from worker.engine import VerifyRequest
+from worker.policy import Policy
+
+SECRETS = ("SIGSECRET", "CREDSECRET", "hunter2", "TOKSECRET")
+PRESIGNED = ("https://8.8.8.8/bucket/m.gguf?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=CREDSECRET"
+             "&X-Amz-Signature=SIGSECRET")
+WITH_PASSWORD = "https://alice:hunter2@8.8.8.8/m.gguf"
+SHA = "c" * 64
+
+
+def leaks(blob: str) -> list[str]:
+    return [secret for secret in SECRETS if secret in blob]
+
+
+@pytest.mark.parametrize(("uri", "shown"), [
+    (PRESIGNED, "https://8.8.8.8/bucket/m.gguf?X-Amz-Algorithm=REDACTED&X-Amz-Credential=REDACTED"
+                "&X-Amz-Signature=REDACTED"),
+    (WITH_PASSWORD, "https://REDACTED@8.8.8.8/m.gguf"),
+    ("https://h.example/m.gguf?sig=TOKSECRET&token#frag", "https://h.example/m.gguf?sig=REDACTED&REDACTED#REDACTED"),
+    ("hf://org/m@0123456789abcdef0123456789abcdef01234567/m.gguf",
+     "hf://org/m@0123456789abcdef0123456789abcdef01234567/m.gguf"),
+    ("file:///models/m.gguf", "file:///models/m.gguf"),
+    ("https://[::1/x?sig=TOKSECRET", "https://REDACTED"),
+])
+def test_redact_hides_query_values_and_userinfo_and_keeps_the_rest(uri, shown):
+    assert redact(uri) == shown
+    assert redact(f"GET {uri}: HTTP 503 ('{uri}')") == f"GET {shown}: HTTP 503 ('{shown}')"
+    assert redact("no URL here, just text?sig=x") == "no URL here, just text?sig=x"
+
+
+def test_stored_request_keeps_the_originals_apart():
+    plain = {"source_uri": "file:///models/m", "artifact_uri": "file:///models/m.gguf", "release_files": []}
+    assert stored_request(plain) == plain  # nothing to hide: stored as submitted
+    secret = plain | {"artifact_uri": PRESIGNED, "release_files": ["file:///models/x?TOKSECRET"]}
+    stored = stored_request(secret)
+    assert not leaks(json.dumps(public_request(stored)))
+    assert stored[FETCH_URIS]["artifact_uri"] == PRESIGNED
+    uris = input_uris(stored)
+    assert (uris.source, uris.artifact, uris.release_files) == (
+        "file:///models/m", PRESIGNED, ("file:///models/x?TOKSECRET",))
+    assert input_uris(plain).artifact == "file:///models/m.gguf"
+
+
+@pytest.fixture
+def api(sqlite_url, tmp_path):
+    settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True, file_roots=(Path("/models"),))
+    app = create_app(settings, run_dispatcher=False)
+    with TestClient(app) as client:
+        client.token = add_token(sqlite_url, Role.ADMIN, "admin-secrets")
+        client.url = sqlite_url
+        yield client
+
+
+@pytest.mark.parametrize("artifact", [PRESIGNED, WITH_PASSWORD])
+def test_the_api_and_the_stored_columns_show_no_secret(api, artifact):
+    headers = {"Authorization": f"Bearer {api.token}"}
+    body = {"source_uri": "file:///models/m", "artifact_uri": artifact, "artifact_sha256": SHA}
+    created = api.post("/v1/verifications", json=body, headers=headers)
+    assert created.status_code == 202, created.text
+    ident = created.json()["id"]
+    answers = [created.text, api.get(f"/v1/verifications/{ident}", headers=headers).text,
+               api.get("/v1/verifications", headers=headers).text,
+               api.get(f"/v1/verifications/{ident}/events", headers=headers).text]
+    assert all(HIDDEN in answer for answer in answers[:3])
+    assert not leaks("".join(answers))
+    engine = make_engine(api.url)
+    with engine.connect() as connection:
+        row = connection.execute(text("SELECT source_uri, artifact_uri, request FROM verifications")).one()
+    engine.dispose()
+    assert not leaks(row[0] + row[1])
+    request = json.loads(row[2]) if isinstance(row[2], str) else row[2]
+    assert request[FETCH_URIS]["artifact_uri"] == artifact  # what the worker fetches with
+    assert not leaks(json.dumps(public_request(request)))
+
+
+def test_a_refused_uri_error_quotes_no_secret(api):
+    headers = {"Authorization": f"Bearer {api.token}"}
+    body = {"source_uri": "file:///models/m", "artifact_uri": "http://u:hunter2@8.8.8.8/m?sig=SIGSECRET",
+            "artifact_sha256": SHA}
+    refused = api.post("/v1/verifications", json=body, headers=headers)
+    assert refused.status_code == 422 and "scheme 'http'" in refused.text
+    assert not leaks(refused.text)
+
+
+def test_a_transient_failure_ends_the_attempt_without_verdict_and_leaks_nothing(sqlite_url, tmp_path, caplog):
+    """The job entrypoint: a server that never answers is retried, then the attempt ends unjudged
+    (the dispatcher retries it later); no NO-GO is stored and events and logs show no secret."""
+    from service.job import run_verification
+
+    source = tmp_path / "models" / "m"
+    source.mkdir(parents=True)
+    settings = settings_for(sqlite_url, tmp_path, file_roots=(tmp_path / "models",), allow_private_addresses=True,
+                            fetch_attempts=2, fetch_backoff_seconds=0.0, max_attempts=3)
+    artifact = "https://user:hunter2@127.0.0.1:1/m.gguf?X-Amz-Signature=SIGSECRET&token=TOKSECRET"
+    factory = session_factory(make_engine(sqlite_url))
+    with transaction(factory) as session:
+        verification, _ = submit(session, settings, "alice", SubmitRequest(
+            source_uri=source.as_uri(), artifact_uri=artifact, artifact_sha256=SHA), None)
+        ident = verification.id
+        assert repository.claim(session, ident, "test-dispatcher") is not None
+    caplog.set_level(logging.DEBUG)
+    assert run_verification(settings, ident, "test-worker", 1) == 1
+    with factory() as session:
+        row = repository.get_verification(session, ident)
+        events = " | ".join(e.message + " " + str(getattr(e, "detail", "")) for e in repository.events(session, ident))
+        assert row.verdict_result is None and repository.verdict_for(session, ident) is None
+        assert row.state in ("queued", "dispatched")  # waiting for another attempt, not finished
+    assert "ConnectError" in events and "gave up after 2 tries" in events
+    assert not leaks(events) and not leaks(caplog.text)
+    assert "ConnectError" in caplog.text  # the failure was logged, redacted
+
+
+def test_a_report_names_the_artifact_without_its_secret(tmp_path, caplog):
+    """Through the edge and the engine: the report's artifact URI and a blocker quoting it are redacted."""
+    import ssl
+
+    import trustme
+
+    from tests.integration.test_fetch import ROUTES, serve
+
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    ROUTES["/signed.gguf"] = (200, {}, b"GGUF-not-really")
+    source = tmp_path / "m"
+    source.mkdir()
+    fetch = FetchPolicy(uris=UriPolicy(allow_file=True, file_roots=(tmp_path,), allow_private_addresses=True),
+                        verify=client_tls, timeout_s=5, retry=RetryPolicy(attempts=1))
+    install_log_redaction()
+    caplog.set_level(logging.DEBUG)
+    for _, port in serve(server_tls):
+        for path, code in (("/signed.gguf", None), ("/absent.gguf", "artifact.fetch_failed")):
+            uri = f"https://127.0.0.1:{port}{path}?X-Amz-Signature=SIGSECRET&X-Amz-Credential=CREDSECRET"
+            report = fetch_and_verify(VerifyRequest(gates=frozenset({1})), InputUris(source=source.as_uri(),
+                                      artifact=uri), Policy(), fetch, ContentStore(tmp_path / "cache"))
+            document = report.model_dump_json()
+            assert report.verdict == "NO-GO" and not leaks(document)
+            if code is None:
+                assert report.artifact is not None and report.artifact.uri == redact(uri)
+            else:
+                assert [b.code for b in report.blockers] == [code] and "404" in report.blockers[0].why
+    assert "HTTP Request" in caplog.text and not leaks(caplog.text)  # httpx logs every URL it requests

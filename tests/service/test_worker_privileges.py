@@ -1,0 +1,369 @@
+"""Item 8: a worker's database credential records its own attempt and nothing else, on real Postgres.
+
+The login made by `worker_role` (a NOLOGIN group holding EXECUTE on the worker functions, a login in
+it) plus a per-attempt secret tries to write another verification's verdict, read every table, update
+a finished verification, replay an older attempt's secret and heartbeat someone else's attempt: all
+refused, nothing written. The honest path (start, heartbeat, verdict) ends as a verdict the
+repository shows. Needs a test role with CREATEROLE (roles are created per run and dropped)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import ProgrammingError
+
+from service.lifecycle import Reason, State
+from service.persistence import repository
+from service.persistence.attempt_secrets import AttemptNotClaimedError, issue_attempt_secret, secret_digest
+from service.persistence.db import make_engine, session_factory, transaction
+from service.persistence.restricted_channel import RestrictedChannel
+from service.persistence.worker_channel import DirectChannel, channel_for
+from service.persistence.worker_reports import apply_worker_reports
+from service.persistence.worker_role import (
+    WORKER_FUNCTIONS,
+    WorkerRoleError,
+    check_least_privilege,
+    create_worker_login,
+    grant_worker,
+)
+from tests.service.conftest import PG_ADMIN
+
+REQUEST = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
+           "artifact_sha256": "f" * 64}
+TABLES = ("api_tokens", "verifications", "verification_events", "verdicts", "gate_results", "tensor_rows",
+          "file_digests", "worker_reports", "alembic_version")
+
+
+def report(verdict: str = "GO") -> dict:
+    tensor = {"gguf_name": "token_embd.weight", "source_names": ["embeddings.word_embeddings.weight"],
+              "transform": None, "gguf_type": "F32", "source_dtype": "F32", "shape": [8, 4], "check": "bit-exact",
+              "max_abs": 0.0, "rel_l2": 0.0, "mismatched": 0, "result": "ok"}
+    return {"verdict": verdict, "blockers": [], "policy": {}, "artifact": None, "not_verified": [],
+            "environment": {}, "timings": {},
+            "gates": {"storage": {"name": "storage", "status": "passed", "seconds": 0.5,
+                                  "details": {"tensors": [tensor]}}},
+            "files": [{"uri": "file:///m.gguf", "sha256": "f" * 64, "size": 123}]}
+
+
+@dataclass
+class Worker:
+    """The restricted credential: a URL that logs in as the worker role."""
+
+    url: str
+    group: str
+    engine: Engine
+
+    def call(self, sql: str, **params):
+        with self.engine.begin() as connection:
+            return connection.execute(text(sql), params).scalar()
+
+
+@pytest.fixture(scope="module")
+def worker_login(pg_url: str) -> Iterator[Worker]:
+    with psycopg.connect(PG_ADMIN) as admin:
+        may_create_roles = admin.execute("SELECT rolcreaterole OR rolsuper FROM pg_roles "
+                                         "WHERE rolname = current_user").fetchone()
+    assert may_create_roles and may_create_roles[0], "the test role needs CREATEROLE (dev.py ensure_postgres)"
+    suffix = uuid.uuid4().hex[:8]
+    group, login = f"convgate_worker_t{suffix}", f"convgate_worker_t{suffix}_login"
+    admin_url = pg_url.rsplit("/", 1)[0] + "/postgres"
+    made = create_worker_login(admin_url, pg_url, group, login)
+    grant_worker(pg_url, group)
+    engine = make_engine(made.url)
+    yield Worker(made.url, group, engine)
+    engine.dispose()
+    owner = make_engine(pg_url)
+    with owner.begin() as connection:
+        for name, arguments in WORKER_FUNCTIONS:
+            connection.execute(text(f"REVOKE EXECUTE ON FUNCTION {name}({arguments}) FROM {group}"))
+        connection.execute(text(f"REVOKE USAGE ON SCHEMA public FROM {group}"))
+    owner.dispose()
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {login}")
+        admin.execute(f"DROP ROLE IF EXISTS {group}")
+
+
+@pytest.fixture
+def factory(pg):
+    engine = make_engine(pg)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+def submitted(factory) -> str:
+    with transaction(factory) as session:
+        return repository.insert_verification(
+            session, submitted_by="alice", idempotency_key=None, request_sha256="r" * 64, request=REQUEST,
+            policy={"min_cosine": 0.99}, policy_sha256="p" * 64, max_attempts=3).id
+
+
+def claimed(factory, verification_id: str) -> tuple[int, str]:
+    """What the dispatch loop does when it claims: assign the attempt, issue its secret (one transaction)."""
+    with transaction(factory) as session:
+        verification = repository.claim(session, verification_id, "kubernetes:test")
+        assert verification is not None
+        return verification.attempt, issue_attempt_secret(session, verification_id, verification.attempt)
+
+
+def row(factory, verification_id: str):
+    with factory() as session:
+        return repository.get_verification(session, verification_id)
+
+
+def reports_of(factory, verification_id: str) -> list[tuple]:
+    with factory() as session:
+        return list(session.execute(text("SELECT kind, attempt, worker, outcome FROM worker_reports "
+                                          "WHERE verification_id = :v ORDER BY id"), {"v": verification_id}))
+
+
+class ControlPlane:
+    """The dispatch loop's part, in a thread: apply worker reports every few milliseconds."""
+
+    def __init__(self, factory) -> None:
+        self.factory, self.stop = factory, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.02):
+            with transaction(self.factory) as session:
+                apply_worker_reports(session)
+
+    def __enter__(self) -> ControlPlane:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+def restricted(worker: Worker, verification_id: str, attempt: int, secret: str, name: str = "pod-a"):
+    return RestrictedChannel(worker.engine, verification_id, attempt, name, secret, wait_seconds=10,
+                             poll_seconds=0.02)
+
+
+def test_the_honest_path_is_recorded_and_visible_through_the_repository(worker_login, factory):
+    verification_id = submitted(factory)
+    attempt, secret = claimed(factory, verification_id)
+    channel = restricted(worker_login, verification_id, attempt, secret)
+    with ControlPlane(factory):
+        started = channel.start()
+        assert started is not None
+        assert started.request == REQUEST and started.policy == {"min_cosine": 0.99}
+        assert channel.heartbeat({"stage": "gate 1", "done": 1, "total": 3})
+        assert channel.record_verdict(report("GO"))
+    verification = row(factory, verification_id)
+    assert (verification.state, verification.verdict_result, verification.worker) == (State.COMPLETED, "GO", "pod-a")
+    with factory() as session:
+        verdict = repository.verdict_for(session, verification_id)
+        assert verdict is not None and verdict.attempt == attempt and verdict.report["files"][0]["size"] == 123
+        messages = [e.message for e in repository.events(session, verification_id)]
+    assert any("started by pod-a" in m for m in messages) and any("verdict GO" in m for m in messages)
+    assert [(k, o) for k, _, _, o in reports_of(factory, verification_id)] == [
+        ("start", "accepted"), ("heartbeat", "accepted"), ("verdict", "accepted")]
+
+
+def test_a_heartbeat_moves_the_lease_and_the_progress(worker_login, factory):
+    verification_id = submitted(factory)
+    attempt, secret = claimed(factory, verification_id)
+    channel = restricted(worker_login, verification_id, attempt, secret)
+    with ControlPlane(factory):
+        assert channel.start() is not None
+    before = row(factory, verification_id).heartbeat_at
+    assert channel.heartbeat({"stage": "gate 2", "done": 2, "total": 5})
+    with transaction(factory) as session:
+        assert apply_worker_reports(session) == 1
+    after = row(factory, verification_id)
+    assert after.heartbeat_at > before and after.progress == {"stage": "gate 2", "done": 2, "total": 5}
+
+
+def test_a_worker_that_ends_without_a_verdict_is_retried(worker_login, factory):
+    verification_id = submitted(factory)
+    attempt, secret = claimed(factory, verification_id)
+    channel = restricted(worker_login, verification_id, attempt, secret)
+    with ControlPlane(factory):
+        assert channel.start() is not None
+        channel.end_without_verdict("RuntimeError: boom")
+    verification = row(factory, verification_id)
+    assert (verification.state, verification.failed_attempts) == (State.QUEUED, 1)
+    assert "boom" in verification.reason
+
+
+def test_a_worker_may_not_write_another_verifications_verdict(worker_login, factory):
+    mine, other = submitted(factory), submitted(factory)
+    attempt, secret = claimed(factory, mine)
+    other_attempt, _ = claimed(factory, other)
+    for target, number in ((other, other_attempt), (other, attempt)):
+        assert worker_login.call("SELECT convgate_worker_record_verdict(:v, :a, :s, 'pod-a', CAST(:r AS jsonb))",
+                                 v=target, a=number, s=secret, r='{"verdict": "GO"}') is False
+        assert worker_login.call("SELECT convgate_worker_start(:v, :a, :s, 'pod-a')",
+                                 v=target, a=number, s=secret) is None
+    assert reports_of(factory, other) == []
+    with transaction(factory) as session:
+        apply_worker_reports(session)
+    assert row(factory, other).state == State.DISPATCHED and row(factory, other).verdict_result is None
+
+
+def test_a_worker_reads_and_writes_no_table_at_all(worker_login, factory):
+    with factory() as session:
+        tables = set(session.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")))
+    assert set(TABLES) <= tables
+    for table in sorted(tables):
+        for statement in (f"SELECT count(*) FROM {table}", f"DELETE FROM {table}",
+                          f"INSERT INTO {table} DEFAULT VALUES", f"TRUNCATE {table}"):
+            with pytest.raises(ProgrammingError) as info:
+                worker_login.call(statement)
+            assert isinstance(info.value.orig, psycopg.errors.InsufficientPrivilege), statement
+
+
+def test_a_worker_may_not_read_tokens_or_call_the_internal_functions(worker_login, factory):
+    with transaction(factory) as session:
+        repository.add_token(session, "pipeline", "submitter", "d" * 64)
+    for statement in ("SELECT token_sha256 FROM api_tokens",
+                      "SELECT * FROM convgate_worker_authenticated('x', 1, repeat('s', 40))",
+                      "SELECT convgate_worker_submit('x', 1, repeat('s', 40), 'w', 'verdict', '{}'::jsonb)",
+                      "INSERT INTO worker_reports (verification_id, attempt, kind, worker, payload, reported_at) "
+                      "VALUES ('x', 1, 'verdict', 'w', '{}', now())",
+                      "CREATE TABLE mine (x int)"):
+        with pytest.raises(ProgrammingError) as info:
+            worker_login.call(statement)
+        assert isinstance(info.value.orig, psycopg.errors.InsufficientPrivilege), statement
+
+
+def test_a_finished_verification_cannot_be_updated(worker_login, factory):
+    verification_id = submitted(factory)
+    attempt, secret = claimed(factory, verification_id)
+    channel = restricted(worker_login, verification_id, attempt, secret)
+    with ControlPlane(factory):
+        assert channel.start() is not None
+        assert channel.record_verdict(report("NO-GO"))
+    assert channel.heartbeat({"stage": "x", "done": 0, "total": 1}) is False
+    assert channel.record_verdict(report("GO")) is False
+    assert channel.start() is None
+    assert worker_login.call("SELECT convgate_worker_end(:v, :a, :s, 'pod-b', 'x', true)",
+                             v=verification_id, a=attempt, s=secret) is False
+    with transaction(factory) as session:
+        assert apply_worker_reports(session) == 0
+    verification = row(factory, verification_id)
+    assert (verification.state, verification.verdict_result) == (State.COMPLETED, "NO-GO")
+
+
+def test_an_older_attempts_secret_is_refused_once_a_newer_attempt_is_claimed(worker_login, factory):
+    verification_id = submitted(factory)
+    first, old_secret = claimed(factory, verification_id)
+    with transaction(factory) as session:  # the first Job was lost; the dispatcher retries
+        repository.end_attempt_without_verdict(session, verification_id, first, Reason.JOB_LOST, "lost")
+    second, new_secret = claimed(factory, verification_id)
+    assert second == first + 1
+    for attempt in (first, second):
+        late = restricted(worker_login, verification_id, attempt, old_secret, name="late-pod")
+        assert late.start() is None
+        assert late.heartbeat(None) is False
+        assert worker_login.call("SELECT convgate_worker_record_verdict(:v, :a, :s, 'late-pod', CAST(:r AS jsonb))",
+                                 v=verification_id, a=attempt, s=old_secret, r="{}") is False
+    assert restricted(worker_login, verification_id, first, new_secret).heartbeat(None) is False  # bound to 2
+    assert reports_of(factory, verification_id) == []
+    assert row(factory, verification_id).attempt_secret_sha256 == secret_digest(verification_id, second, new_secret)
+
+
+def test_a_worker_may_not_heartbeat_someone_elses_attempt(worker_login, factory):
+    mine, theirs = submitted(factory), submitted(factory)
+    attempt, secret = claimed(factory, mine)
+    their_attempt, _ = claimed(factory, theirs)
+    with transaction(factory) as session:
+        assert repository.start_attempt(session, theirs, "their-pod", attempt=their_attempt) is not None
+    before = row(factory, theirs).heartbeat_at
+    for worker in ("pod-a", "their-pod"):
+        assert worker_login.call(
+            "SELECT convgate_worker_heartbeat(:v, :a, :s, :w, CAST(:p AS jsonb))",
+            v=theirs, a=their_attempt, s=secret, w=worker, p='{"stage": "evil"}') is False
+    with transaction(factory) as session:
+        apply_worker_reports(session)
+    assert row(factory, theirs).heartbeat_at == before and row(factory, theirs).progress is None
+    assert attempt  # mine stays untouched too
+    assert reports_of(factory, theirs) == [] and reports_of(factory, mine) == []
+
+
+def test_a_malformed_verdict_is_marked_invalid_and_changes_nothing(worker_login, factory):
+    verification_id = submitted(factory)
+    attempt, secret = claimed(factory, verification_id)
+    channel = restricted(worker_login, verification_id, attempt, secret)
+    with ControlPlane(factory):
+        assert channel.start() is not None
+        assert channel.record_verdict({"verdict": "GO", "blockers": "none"}) is False
+    assert row(factory, verification_id).state == State.RUNNING
+    assert reports_of(factory, verification_id)[-1][3] == "invalid"
+
+
+def test_an_oversized_heartbeat_is_refused(worker_login, factory):
+    verification_id = submitted(factory)
+    attempt, secret = claimed(factory, verification_id)
+    channel = restricted(worker_login, verification_id, attempt, secret)
+    assert channel.heartbeat({"stage": "x" * 10_000}) is False
+    assert channel.heartbeat({"stage": "x"}) is True
+
+
+def test_without_the_group_the_functions_cannot_be_called(worker_login, factory, pg):
+    """EXECUTE is revoked from PUBLIC: a login outside the group gets nothing."""
+    outsider = f"convgate_outsider_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {outsider} LOGIN PASSWORD 'outsider-only-for-this-test'")
+    try:
+        from sqlalchemy.engine import make_url
+
+        engine = make_engine(make_url(pg).set(username=outsider, password="outsider-only-for-this-test")
+                             .render_as_string(hide_password=False))
+        with pytest.raises(ProgrammingError) as info, engine.begin() as connection:
+            connection.execute(text("SELECT convgate_worker_start('x', 1, repeat('s', 40), 'w')"))
+        assert isinstance(info.value.orig, psycopg.errors.InsufficientPrivilege)
+        engine.dispose()
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE {outsider}")
+
+
+def test_the_least_privilege_check_notices_a_table_grant(worker_login, pg):
+    owner = make_engine(pg)
+    with owner.begin() as connection:
+        check_least_privilege(connection, worker_login.group)
+        connection.execute(text(f"GRANT SELECT ON api_tokens TO {worker_login.group}"))
+        with pytest.raises(WorkerRoleError, match="api_tokens"):
+            check_least_privilege(connection, worker_login.group)
+        connection.execute(text(f"REVOKE SELECT ON api_tokens FROM {worker_login.group}"))
+    owner.dispose()
+
+
+def test_a_secret_is_issued_only_for_a_dispatched_verification(factory):
+    verification_id = submitted(factory)
+    with transaction(factory) as session, pytest.raises(AttemptNotClaimedError):
+        issue_attempt_secret(session, verification_id, 1)
+    attempt, secret = claimed(factory, verification_id)
+    stored = row(factory, verification_id).attempt_secret_sha256
+    assert stored == secret_digest(verification_id, attempt, secret) and secret not in stored
+    assert len(secret) >= 43
+
+
+@pytest.mark.parametrize("database", ["pg", "sqlite_url"])
+def test_the_local_pool_keeps_the_direct_path(request, database):
+    url = request.getfixturevalue(database)
+    engine = make_engine(url)
+    local = session_factory(engine)
+    verification_id = submitted(local)
+    with transaction(local) as session:
+        attempt = repository.claim(session, verification_id, "local:test").attempt
+    channel = channel_for(url, verification_id, attempt, "local-worker", environ={})
+    assert isinstance(channel, DirectChannel)
+    assert channel.start() is not None and channel.heartbeat({"stage": "s", "done": 0, "total": 1})
+    assert channel.record_verdict(report("GO"))
+    channel.close()
+    assert row(local, verification_id).verdict_result == "GO"
+    other = channel_for(url, verification_id, attempt, "w", environ={"CONVGATE_ATTEMPT_SECRET": "s"})
+    assert isinstance(other, RestrictedChannel)
+    other.close()
+    engine.dispose()
