@@ -47,6 +47,28 @@ def db_upgrade(revision: str = "head") -> None:
     upgrade(Settings().database_url, revision)
 
 
+@db_app.command("grant-worker")
+def db_grant_worker(
+    group: Annotated[str, typer.Option(help="the NOLOGIN group role workers act as")] = "convgate_worker",
+    login: Annotated[str | None, typer.Option(help="create (or re-key) this login in the group and print "
+                                                   "its URL, for the worker Secret")] = None,
+    admin_url: Annotated[str | None, typer.Option(envvar="CONVGATE_ADMIN_DATABASE_URL",
+                                                  help="a URL with CREATEROLE, only for --login")] = None,
+) -> None:
+    """Least privilege for Kubernetes workers (Postgres): with --login, an administrator's URL creates the
+    roles; then the service's own URL (the functions' owner) grants EXECUTE on the worker functions
+    and checks the group can touch no table. Idempotent: run it again after every upgrade."""
+    from service.persistence.worker_role import create_worker_login, grant_worker
+
+    service_url = Settings().database_url
+    if login is not None:
+        if not admin_url:
+            raise typer.BadParameter("--login needs --admin-url (or CONVGATE_ADMIN_DATABASE_URL)",
+                                     param_hint="--admin-url")
+        sys.stdout.write(create_worker_login(admin_url, service_url, group, login).url + "\n")
+    grant_worker(service_url, group)
+
+
 @tokens_app.command("create")
 def tokens_create(name: str, role: Annotated[Role, typer.Option()]) -> None:
     """Create a token; the secret is printed once and stored only as a digest."""

@@ -1,15 +1,17 @@
-"""The Job entrypoint (`convgate worker run --verification-id ID`): claim an attempt, run the pure
-engine, store the verdict fenced by attempt. The same code runs in a local pool process and in a
-Kubernetes Job; running it twice is harmless (the second run finds nothing to do, or its stale
-attempt writes nothing)."""
+"""The Job entrypoint (`convgate worker run --verification-id ID --attempt N`): start that attempt, run
+the pure engine, store the verdict fenced by attempt, all through the attempt's channel
+(`service/persistence/worker_channel.py`): a Kubernetes worker holds only the restricted login and
+its attempt's secret, a local pool process the service's own URL. Running it twice is harmless (the
+second run finds nothing to do, or its stale attempt writes nothing)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,9 +20,7 @@ from edge.redact import install_log_redaction, redact
 from edge.store import ContentStore
 from service.config import Settings
 from service.fetching import fetch_policy, input_uris
-from service.lifecycle import Reason
-from service.persistence import repository
-from service.persistence.db import make_engine, session_factory, transaction
+from service.persistence.worker_channel import AttemptChannel, DirectChannel, channel_for
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import ConvgateError
 from worker.policy import Policy
@@ -40,11 +40,14 @@ class Heartbeat:
     """Reports liveness and the latest progress every `interval` seconds from a background thread.
     A failed heartbeat (e.g. SQLite's "database is locked") is retried at the next beat; once none has
     gone through for a `lease`, the worker stops itself instead of running on while the dispatcher
-    declares it dead and starts another attempt."""
+    declares it dead and starts another attempt. `beats` is the attempt's channel, or a session
+    factory for the direct path (what the local pool uses)."""
 
-    def __init__(self, factory: sessionmaker[Session], verification_id: str, attempt: int, worker: str, *,
-                 interval: float, lease: float) -> None:
-        self.factory, self.verification_id, self.attempt, self.worker = factory, verification_id, attempt, worker
+    def __init__(self, beats: AttemptChannel | sessionmaker[Session], verification_id: str, attempt: int,
+                 worker: str, *, interval: float, lease: float) -> None:
+        self.channel: AttemptChannel = beats if _is_channel(beats) else DirectChannel(
+            cast(sessionmaker[Session], beats), verification_id, attempt, worker)
+        self.verification_id, self.attempt, self.worker = verification_id, attempt, worker
         self.interval, self.lease = interval, lease
         self.progress: dict[str, Any] | None = None
         self.superseded = threading.Event()
@@ -62,10 +65,8 @@ class Heartbeat:
             raise LeaseLostError(f"no heartbeat went through for a lease ({self.lease:g}s): stopping")
 
     def _beat(self) -> None:
-        with transaction(self.factory) as session:
-            if not repository.heartbeat(session, self.verification_id, self.attempt, self.progress,
-                                        worker=self.worker):
-                self.superseded.set()
+        if not self.channel.heartbeat(self.progress):
+            self.superseded.set()
         self._last_beat = time.monotonic()
 
     def _run(self) -> None:
@@ -96,43 +97,48 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
     )
 
 
+def _is_channel(beats: object) -> TypeGuard[AttemptChannel]:
+    return callable(getattr(beats, "heartbeat", None))
+
+
 def run_verification(settings: Settings, verification_id: str, worker_name: str, attempt: int) -> int:
-    factory = session_factory(make_engine(settings.database_url))
-    with transaction(factory) as session:
-        verification = repository.start_attempt(session, verification_id, worker_name, attempt=attempt)
-        if verification is None:  # not this attempt's turn (an older or newer one, cancelled, finished)
-            log.info("verification %s has no attempt %s to run", verification_id, attempt)
-            return 0
-        stored, policy = dict(verification.request), Policy(**verification.policy)
+    """Run `attempt` through its channel: restricted (the attempt's secret is in the environment, a
+    Kubernetes Job) or direct (a local pool process). Exit code 1 means the attempt failed unjudged."""
+    channel = channel_for(settings.database_url, verification_id, attempt, worker_name, os.environ)
+    try:
+        return _run_attempt(settings, channel)
+    finally:
+        channel.close()
+
+
+def _run_attempt(settings: Settings, channel: AttemptChannel) -> int:
+    verification_id, attempt, worker_name = channel.verification_id, channel.attempt, channel.worker
+    started_attempt = channel.start()
+    if started_attempt is None:  # not this attempt's turn (an older or newer one, cancelled, finished)
+        log.info("verification %s has no attempt %s to run", verification_id, attempt)
+        return 0
+    stored, policy = started_attempt.request, Policy(**started_attempt.policy)
     install_log_redaction()  # URIs in any log line (httpx logs each request's URL) show no secrets
     started = time.perf_counter()
     try:  # the edge fetches (policy-checked, retried), then the pure engine runs on local files
-        with Heartbeat(factory, verification_id, attempt, worker_name, interval=min(settings.lease_seconds / 4, 2.0),
+        with Heartbeat(channel, verification_id, attempt, worker_name, interval=min(settings.lease_seconds / 4, 2.0),
                        lease=settings.lease_seconds) as heart:
             report = fetch_and_verify(_request(stored), input_uris(stored), policy, fetch_policy(settings),
                                       ContentStore(settings.cache_dir), heart.update)
     except SourceUnavailableError as exc:
-        with transaction(factory) as session:
-            repository.fail_permanently(session, verification_id, attempt, redact(f"source unavailable: {exc}"),
-                                        worker=worker_name)
+        channel.end_without_verdict(redact(f"source unavailable: {exc}"), give_up=True)
         return 0
     except LeaseLostError as exc:
-        with transaction(factory) as session:
-            repository.end_attempt_without_verdict(session, verification_id, attempt, Reason.HEARTBEAT_LOST,
-                                                   str(exc), worker=worker_name)
+        channel.end_without_verdict(str(exc))
         return 1
     except AttemptSupersededError:
         log.info("verification %s attempt %s was superseded or cancelled: stopped", verification_id, attempt)
         return 0
     except Exception as exc:  # a crash or a transient fetch failure: no verdict, the dispatcher retries
         log.exception("attempt %s of %s failed", attempt, verification_id)
-        with transaction(factory) as session:
-            repository.end_attempt_without_verdict(session, verification_id, attempt, Reason.WORKER_ERROR,
-                                                   redact(f"{type(exc).__name__}: {exc}"), worker=worker_name)
+        channel.end_without_verdict(redact(f"{type(exc).__name__}: {exc}"))
         return 1
-    with transaction(factory) as session:
-        written = repository.record_verdict(session, verification_id, attempt, json.loads(report.model_dump_json()),
-                                            worker=worker_name)
+    written = channel.record_verdict(json.loads(report.model_dump_json()))
     log.info("verification %s attempt %s: %s in %.1fs%s", verification_id, attempt, report.verdict,
              time.perf_counter() - started, "" if written else " (stale attempt: not recorded)")
     return 0

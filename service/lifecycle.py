@@ -16,8 +16,12 @@ Fences, as Kueue fences status writes with resourceVersion:
 - A Kueue eviction of a running attempt (the dispatcher sees the Workload evicted) puts it back to
   DISPATCHED with the same attempt number and no failure counted (EVICT); the Job's next pod then
   starts that attempt afresh, and the evicted pod's writes no longer match (state and worker).
-  A pod replaced without an eviction the dispatcher saw finds its attempt RUNNING, gets nothing and
-  exits; the dispatcher then ends that attempt as a failed one and retries under a new number.
+- A pod disrupted without a Kueue eviction (the Eviction API, a node drain) is replaced by its Job:
+  the new pod has the same attempt and a new name (``<job>-<random suffix>``) and finds the attempt
+  RUNNING. It takes the attempt over (TAKEOVER): same attempt, a *different* worker, the one it
+  replaces named in the UPDATE, no failure counted, an event. The replaced pod's writes then miss
+  (worker fence). A pod of another attempt cannot take over (attempt fence), and the Job's
+  podFailurePolicy makes the controller create the replacement only once the old pod has stopped.
 - ``failed_attempts`` (not ``attempt``) is what ``max_attempts`` limits: CLAIM requires
   ``failed_attempts < max_attempts``, and an attempt that ends without a verdict either retries
   (``failed_attempts + 1 < max_attempts``) or fails for good. Evictions and refused creates are
@@ -63,6 +67,7 @@ class Reason(StrEnum):
     DISPATCH_FAILED = "dispatch_failed"  # the worker could not be started (e.g. the API server refused)
     DISPATCH_REFUSED = "dispatch_refused"  # ... and never will be: refused for good, repeatedly
     EVICTED = "evicted"  # Kueue evicted the running attempt; it waits for re-admission
+    TAKEN_OVER = "taken_over"  # the Job replaced a disrupted pod; the new pod runs the same attempt
     SOURCE_UNAVAILABLE = "source_unavailable"  # no verdict is possible: not retried
     CANCELLED = "cancelled"
 
@@ -72,6 +77,7 @@ class Guard(StrEnum):
 
     ATTEMPT = "attempt"  # the caller's attempt number is the current one
     WORKER = "worker"  # the caller is the worker that started the attempt
+    REPLACES = "replaces"  # the attempt's worker is the one the caller replaces, and is not the caller
     ATTEMPTS_LEFT = "attempts_left"  # failed_attempts < max_attempts
     RETRY_LEFT = "retry_left"  # failed_attempts + 1 < max_attempts: this failure still leaves one
     NO_RETRY_LEFT = "no_retry_left"  # failed_attempts + 1 >= max_attempts: this failure is the last
@@ -81,6 +87,7 @@ class Guard(StrEnum):
 class Action(StrEnum):
     CLAIM = "claim"  # dispatcher: assign the next attempt number
     START = "start"  # worker: take exactly the attempt it was launched for
+    TAKEOVER = "takeover"  # worker: a replacement pod of the same Job takes its running attempt over
     HEARTBEAT = "heartbeat"  # worker: liveness and progress (no state change, no event)
     VERDICT = "verdict"  # worker: store GO / NO-GO
     GIVE_UP = "give_up"  # worker: no verdict is possible, do not retry
@@ -114,6 +121,7 @@ _BY_ITS_WORKER = frozenset({_A, _W})
 TRANSITIONS: Mapping[Action, Transition] = MappingProxyType({
     Action.CLAIM: Transition(sources=frozenset({_Q}), target=_D, guards=frozenset({Guard.ATTEMPTS_LEFT})),
     Action.START: Transition(sources=frozenset({_D}), target=_R, guards=frozenset({_A})),
+    Action.TAKEOVER: Transition(sources=frozenset({_R}), target=_R, guards=frozenset({_A, Guard.REPLACES})),
     Action.HEARTBEAT: Transition(sources=frozenset({_R}), target=_R, guards=_BY_ITS_WORKER, event=False),
     Action.VERDICT: Transition(sources=frozenset({_R}), target=State.COMPLETED, guards=_BY_ITS_WORKER),
     Action.GIVE_UP: Transition(sources=frozenset({_R}), target=_F, guards=_BY_ITS_WORKER),

@@ -14,7 +14,7 @@ from service.api.cursors import decode_before_id, encode_before_id
 from service.api.deps import Principal, SessionDep, require
 from service.api.errors import ERRORS
 from service.auth import AUDIT
-from service.persistence import repository
+from service.persistence import access_log, repository
 from service.schemas import PRINTABLE, UUID_PATTERN, AccessLogEntry, AccessLogPage, Moment
 
 Action = Literal["read_verification", "read_report", "read_events", "list_verifications", "read_access_log"]
@@ -25,7 +25,7 @@ def record(session: Session, request: Request, principal: Principal, action: Act
            verification_id: str | None = None) -> None:
     """Log one read; query values are redacted (a source_uri filter may carry a presigned URL)."""
     query = {key: redact(value) for key, value in request.query_params.items()}
-    repository.record_access(session, principal=principal.name, role=principal.role.value, action=action,
+    access_log.record_access(session, principal=principal.name, role=principal.role.value, action=action,
                              path=request.url.path, query=query, verification_id=verification_id)
 
 
@@ -41,8 +41,8 @@ def read_access_log(
     cursor: Annotated[str | None, Query(max_length=256)] = None,
 ) -> AccessLogPage:
     """Newest first. Reading the log is itself logged."""
-    filters = repository.AccessFilters(principal_name, verification_id, action, since, until)
-    rows, before = repository.access_log(session, filters, limit=limit, before_id=decode_before_id(cursor))
+    filters = access_log.AccessFilters(principal_name, verification_id, action, since, until)
+    rows, before = access_log.access_log(session, filters, limit=limit, before_id=decode_before_id(cursor))
     record(session, request, principal, "read_access_log")
     items = [AccessLogEntry(id=row.id, at=repository.as_utc(row.at), principal=row.principal, role=row.role,
                             action=row.action, verification_id=row.verification_id, path=row.path, query=row.query)

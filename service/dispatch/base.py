@@ -24,9 +24,11 @@ class Dispatcher(Protocol):
     def capacity(self) -> int:
         """How many more verifications may start now."""
 
-    def launch(self, verification_id: str, attempt: int) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
         """Start `convgate worker run --verification-id ID --attempt N` somewhere: the worker may start
-        only that attempt (the number the claim assigned)."""
+        only that attempt (the number the claim assigned). `attempt_secret` is what a restricted worker
+        authenticates with (`CONVGATE_ATTEMPT_SECRET`); a dispatcher whose workers hold the service's
+        own URL may ignore it."""
 
     def reap(self) -> list[WorkerExit]:
         """Workers that ended since the last call."""

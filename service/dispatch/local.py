@@ -12,6 +12,7 @@ import sys
 
 from service.config import Settings
 from service.dispatch.base import WorkerExit
+from service.persistence.worker_channel import ATTEMPT_SECRET_ENV
 
 WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_hosts", "allow_private_addresses",
                    "trusted_hosts", "hf_endpoint", "lease_seconds", "max_attempts", "file_roots", "fetch_attempts",
@@ -21,6 +22,7 @@ WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_host
 def worker_environment(settings: Settings) -> dict[str, str]:
     """The settings a worker needs, passed the way pydantic-settings reads them (JSON for structures)."""
     env = dict(os.environ)
+    env.pop(ATTEMPT_SECRET_ENV, None)  # a local worker always takes the direct path
     dumped = settings.model_dump(mode="json")
     for key in WORKER_ENV_KEYS:
         value = dumped[key]
@@ -54,7 +56,9 @@ class LocalPool:
     def capacity(self) -> int:
         return max(self.settings.concurrency - len(self.processes), 0)
 
-    def launch(self, verification_id: str, attempt: int) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+        """The secret is not handed on: a local worker runs on the operator's machine, with the
+        operator's files and the service's own database URL (the direct path, `DirectChannel`)."""
         self.attempts[verification_id] = attempt
         command = [sys.executable, "-m", "service.cli", "worker", "run", "--verification-id", verification_id,
                    "--attempt", str(attempt), "--worker-name", f"{self.identity}/{verification_id[:8]}"]

@@ -1,4 +1,5 @@
-"""One generic dispatch loop for every dispatcher: reap, reconcile, cancel, claim, launch."""
+"""One generic dispatch loop for every dispatcher: apply worker reports, reap, reconcile, cancel, claim,
+launch. Each claimed attempt gets its own secret (issued in the claim's transaction) for its worker."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from service.dispatch.base import Dispatcher, WorkerExit
 from service.dispatch.local import LocalPool
 from service.lifecycle import IN_FLIGHT, Reason, State
 from service.persistence import repository
+from service.persistence.attempt_secrets import issue_attempt_secret
 from service.persistence.db import transaction
+from service.persistence.worker_reports import apply_worker_reports
 from worker.errors import ConvgateError
 
 log = logging.getLogger("convgate.dispatch")
@@ -54,6 +57,10 @@ class DispatchLoop:
         # exit must be reaped (with its reason) before the lease check sees the attempt as stale.
         with transaction(self.factory) as session:
             self.dispatcher.sync(session)
+        # restricted workers' reports before the reap: a worker that filed its verdict and exited 0
+        # must be seen with its verdict, not as an attempt that ended without one
+        with transaction(self.factory) as session:
+            apply_worker_reports(session)
         self._reap()
         with transaction(self.factory) as session:
             self._reconcile(session, self.dispatcher.active())
@@ -94,12 +101,12 @@ class DispatchLoop:
         capacity = self.dispatcher.capacity()
         if not capacity:
             return
-        with transaction(self.factory) as session:
-            claimed = [(v.id, v.attempt) for v in
+        with transaction(self.factory) as session:  # the claim and its secret commit together
+            claimed = [(v.id, v.attempt, issue_attempt_secret(session, v.id, v.attempt)) for v in
                        repository.claim_queued(session, capacity, self.dispatcher.identity)]
-        for verification_id, attempt in claimed:
+        for verification_id, attempt, secret in claimed:
             try:
-                self.dispatcher.launch(verification_id, attempt)
+                self.dispatcher.launch(verification_id, attempt, attempt_secret=secret)
             except ConvgateError as exc:
                 log.warning("could not start %s: %s", verification_id, exc)
                 with transaction(self.factory) as session:

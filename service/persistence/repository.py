@@ -17,7 +17,6 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
 from service.persistence.models import (
-    AccessLogRecord,
     ApiToken,
     FileDigestRecord,
     GateResultRow,
@@ -166,6 +165,7 @@ class Fence:
     attempt: int | None = None
     worker: str | None = None
     lease: timedelta | None = None
+    replaces: str | None = None  # the worker a takeover replaces, as the caller read it
 
 
 def _required(value: Any, guard: Guard) -> Any:
@@ -180,6 +180,9 @@ def _guard(guard: Guard, fence: Fence) -> ColumnElement[bool]:
         return Verification.attempt == _required(fence.attempt, guard)
     if guard == Guard.WORKER:
         return Verification.worker == _required(fence.worker, guard)
+    if guard == Guard.REPLACES:
+        return and_(Verification.worker == _required(fence.replaces, guard),
+                    Verification.worker != _required(fence.worker, guard))
     if guard == Guard.ATTEMPTS_LEFT:
         return Verification.failed_attempts < Verification.max_attempts
     if guard == Guard.RETRY_LEFT:
@@ -244,11 +247,21 @@ def claim_queued(session: Session, limit: int, worker: str) -> list[Verification
 
 
 def start_attempt(session: Session, verification_id: str, worker: str, *, attempt: int) -> Verification | None:
-    """A worker takes exactly the attempt it was launched for; None when that attempt is not the one
-    waiting to start (an older or newer one, already started, cancelled, finished)."""
+    """A worker takes exactly the attempt it was launched for: the one waiting to start or, as a
+    replacement pod of the same Job, the one a disrupted pod was running (no failure counted). None
+    for an older or newer attempt, a second start by the same worker, a cancelled or finished one."""
     moment = now()
-    return _apply(session, Action.START, verification_id, fence=Fence(attempt=attempt), reason=Reason.STARTED,
-                  message=f"attempt {attempt} started by {worker}", worker=worker, started_at=moment,
+    started = _apply(session, Action.START, verification_id, fence=Fence(attempt=attempt), reason=Reason.STARTED,
+                     message=f"attempt {attempt} started by {worker}", worker=worker, started_at=moment,
+                     heartbeat_at=moment, progress=None)
+    if started is not None:
+        return started
+    replaced = session.scalar(select(Verification.worker).where(Verification.id == verification_id))
+    if replaced is None:
+        return None
+    return _apply(session, Action.TAKEOVER, verification_id,
+                  fence=Fence(attempt=attempt, worker=worker, replaces=replaced), reason=Reason.TAKEN_OVER,
+                  message=f"attempt {attempt} taken over by {worker} from {replaced}", worker=worker,
                   heartbeat_at=moment, progress=None)
 
 
@@ -403,7 +416,7 @@ def gate_duration_histogram(session: Session, buckets: tuple[float, ...]) -> dic
     return histogram
 
 
-# --- policy origin and the access log (revision 0005) ------------------------------------------
+# --- policy origin (revision 0005; the access log is access_log.py) ------------------------------
 
 def policy_conditions(origin: str | None, name: str | None) -> list[Any]:
     """Auditor filters on `policy_origin`: "configured" (any configured policy) or "inline"; a name
@@ -416,36 +429,3 @@ def policy_conditions(origin: str | None, name: str | None) -> list[Any]:
     if name is not None:
         conditions.append(Verification.policy_origin == f"configured:{name}")
     return conditions
-
-
-def record_access(session: Session, *, principal: str, role: str, action: str, path: str,
-                  query: dict[str, Any], verification_id: str | None = None) -> None:
-    session.add(AccessLogRecord(at=now(), principal=principal, role=role, action=action,
-                                verification_id=verification_id, path=path, query=query))
-    session.flush()
-
-
-@dataclass(frozen=True)
-class AccessFilters:
-    principal: str | None = None
-    verification_id: str | None = None
-    action: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-
-
-def access_log(session: Session, filters: AccessFilters, *, limit: int,
-               before_id: int | None = None) -> tuple[list[AccessLogRecord], int | None]:
-    """Newest first by id; the second value is the id to continue before, None on the last page."""
-    conditions: list[Any] = [column == value for column, value in (
-        (AccessLogRecord.principal, filters.principal), (AccessLogRecord.verification_id, filters.verification_id),
-        (AccessLogRecord.action, filters.action)) if value is not None]
-    if filters.since is not None:
-        conditions.append(AccessLogRecord.at >= filters.since)
-    if filters.until is not None:
-        conditions.append(AccessLogRecord.at < filters.until)
-    if before_id is not None:
-        conditions.append(AccessLogRecord.id < before_id)
-    rows = list(session.scalars(select(AccessLogRecord).where(*conditions).order_by(AccessLogRecord.id.desc())
-                                .limit(limit + 1)))
-    return rows[:limit], (rows[limit - 1].id if len(rows) > limit else None)

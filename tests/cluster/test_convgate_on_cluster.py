@@ -77,9 +77,9 @@ def db(pg: str) -> Iterator[Any]:
         each.close()
 
 
-def one_job_each(scenario: Scenario, ids: list[str]) -> None:
+def one_job_each(scenario: Scenario, ids: list[str], attempt: int = 1) -> None:
     for verification_id in ids:
-        assert scenario.job_names(verification_id) == [f"convgate-{verification_id}-1"]
+        assert scenario.job_names(verification_id) == [f"convgate-{verification_id}-{attempt}"]
 
 
 def completed_once(db: Db, verification_id: str) -> None:
@@ -152,7 +152,7 @@ def test_restart_while_jobs_wait_in_kueue_longer_than_the_lease(scenarios, db, r
     for verification_id in ids:
         verification = store.get(verification_id)
         assert (verification.state, verification.attempt, verification.failed_attempts) == (
-            State.DISPATCHED, 0, 0), store.events(verification_id)
+            State.DISPATCHED, 1, 0), store.events(verification_id)
     one_job_each(scenario, ids)
     scenario.delete_job("hold")
     for verification_id in ids:
@@ -200,8 +200,8 @@ def test_preempted_verification_is_requeued_without_spending_an_attempt(scenario
     events = store.events(verification_id)
     completed_once(store, verification_id)
     assert "cluster: evicted: Preempted" in events, events
-    assert (verification.attempt, verification.failed_attempts) == (2, 0), events
-    assert any("(attempt 1 was interrupted)" in e for e in events), events
+    assert (verification.attempt, verification.failed_attempts) == (1, 0), events  # the same attempt, re-admitted
+    assert any(e.startswith("evicted: ") and e.endswith(": waiting for re-admission") for e in events), events
     one_job_each(scenario, [verification_id])  # the same Job, admitted again
     print(f"scenario 4: {time.monotonic() - t0:.1f}s")
 
@@ -226,7 +226,9 @@ def test_evicted_worker_is_replaced_without_spending_an_attempt(scenarios, db, r
     verification = store.wait_state(verification_id, State.COMPLETED, State.FAILED, timeout=WORKER_TIMEOUT)
     events = store.events(verification_id)
     completed_once(store, verification_id)
-    assert (verification.attempt, verification.failed_attempts) == (2, 0), events
+    # the Job's replacement pod took the same attempt over: no claim, no failure spent
+    assert (verification.attempt, verification.failed_attempts) == (1, 0), events
+    assert sum(f"attempt 1 taken over by {job}-" in e for e in events) == 1, events
     one_job_each(scenario, [verification_id])
     print(f"scenario 4b (eviction): {time.monotonic() - t0:.1f}s")
 
@@ -337,7 +339,7 @@ def test_kueue_down_keeps_verifications_queued_with_a_reason(cluster, scenarios,
         for verification_id in ids:
             verification = store.get(verification_id)
             assert verification.cluster_status == "job not created: Kueue's admission webhook is unavailable"
-            assert (verification.attempt, verification.failed_attempts) == (0, 0)
+            assert verification.attempt >= 1 and verification.failed_attempts == 0  # one claim per refused create
         assert scenario.jobs() == []
         from service.api.endpoints import queue_snapshot
 
@@ -349,6 +351,7 @@ def test_kueue_down_keeps_verifications_queued_with_a_reason(cluster, scenarios,
     for verification_id in ids:
         store.wait_state(verification_id, State.COMPLETED, State.FAILED, timeout=WORKER_TIMEOUT)
         completed_once(store, verification_id)
-        assert store.get(verification_id).failed_attempts == 0
-    one_job_each(scenario, ids)
+        verification = store.get(verification_id)
+        assert verification.failed_attempts == 0
+        one_job_each(scenario, [verification_id], attempt=verification.attempt)  # refused creates made no Job
     print(f"scenario 6: {time.monotonic() - t0:.1f}s")

@@ -5,6 +5,7 @@ and admins through GET /v1/access-log. Run on SQLite and on Postgres."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from sqlalchemy import text
 
 from service.api.app import create_app
 from service.auth import Role
-from service.persistence.db import make_engine
+from service.persistence.access_log import AccessFilters, access_log
+from service.persistence.db import make_engine, session_factory, transaction
+from service.persistence.models import AccessLogRecord
 from tests.service.conftest import add_token, settings_for
 
 SHA = "a" * 64
@@ -100,3 +103,59 @@ def test_the_log_is_append_only(api):
                 connection.execute(text(statement))
     finally:
         engine.dispose()
+
+
+# --- the query itself: time bounds and pages, on both databases ------------------------------------
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def reads(request):
+    """Four reads by bob, one a minute from T0 (ids 1..4, oldest first), and the session factory."""
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg")
+    engine = make_engine(url)
+    factory = session_factory(engine)
+    with transaction(factory) as session:
+        for minute in range(4):
+            session.add(AccessLogRecord(at=T0 + timedelta(minutes=minute), principal="bob", role="auditor",
+                                        action="read_verification", path="/v1/verifications", query={}))
+    yield factory
+    engine.dispose()
+
+
+def page(factory, limit: int = 10, before_id: int | None = None, **filters) -> tuple[list[int], int | None]:
+    with factory() as session:
+        rows, before = access_log(session, AccessFilters(**filters), limit=limit, before_id=before_id)
+        return [row.id for row in rows], before
+
+
+def at(minute: int) -> datetime:
+    return T0 + timedelta(minutes=minute)
+
+
+def test_since_is_inclusive_and_until_exclusive(reads):
+    assert page(reads, since=at(1)) == ([4, 3, 2], None)  # the read at exactly `since` is in
+    assert page(reads, until=at(2)) == ([2, 1], None)  # the read at exactly `until` is out
+    assert page(reads, since=at(1), until=at(3)) == ([3, 2], None)
+    assert page(reads, since=at(1) + timedelta(seconds=1), until=at(3) - timedelta(seconds=1)) == ([3], None)
+    assert page(reads, since=at(4)) == ([], None) and page(reads, until=at(0)) == ([], None)
+
+
+def test_pages_continue_before_the_last_id_and_the_last_page_has_no_cursor(reads):
+    assert page(reads, limit=3) == ([4, 3, 2], 2)
+    assert page(reads, limit=3, before_id=2) == ([1], None)
+    assert page(reads, limit=2) == ([4, 3], 3)
+    assert page(reads, limit=2, before_id=3) == ([2, 1], None)  # exactly `limit` left: no further page
+    assert page(reads, limit=4) == ([4, 3, 2, 1], None)
+    assert page(reads, limit=1, before_id=1) == ([], None)
+
+
+def test_filters_and_pages_combine(reads):
+    with transaction(reads) as session:
+        session.add(AccessLogRecord(at=at(2), principal="eve", role="admin", action="read_report",
+                                    path="/v1/verifications/x/report", query={}))
+    assert page(reads, principal="eve") == ([5], None)
+    assert page(reads, action="read_verification", since=at(2), limit=1) == ([4], 4)
+    assert page(reads, action="read_verification", since=at(2), limit=1, before_id=4) == ([3], None)
+    assert page(reads, principal="bob", until=at(1), limit=1) == ([1], None)

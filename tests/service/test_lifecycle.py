@@ -139,8 +139,10 @@ def test_start_takes_only_the_dispatched_attempt(factory):
         assert repository.start_attempt(session, verification_id, "ahead", attempt=attempt + 1) is None
         started = repository.start_attempt(session, verification_id, "w1", attempt=attempt)
         assert (started.state, started.attempt, started.worker) == (State.RUNNING, attempt, "w1")
-    with transaction(factory) as session:  # a second start of the same attempt, or a running row: nothing
-        assert repository.start_attempt(session, verification_id, "w2", attempt=attempt) is None
+    with transaction(factory) as session:  # the same worker starting again, or a neighbouring attempt: nothing
+        assert repository.start_attempt(session, verification_id, "w1", attempt=attempt) is None
+        assert repository.start_attempt(session, verification_id, "w2", attempt=attempt - 1) is None
+        assert repository.start_attempt(session, verification_id, "w2", attempt=attempt + 1) is None
     assert (row(factory, verification_id).worker, row(factory, verification_id).attempt) == ("w1", attempt)
     assert_event_chain(factory, verification_id)
 
@@ -191,6 +193,52 @@ def test_two_pods_of_one_attempt_cannot_both_write(factory):
     final = row(factory, verification_id)
     assert (final.state, final.attempt, final.failed_attempts) == (State.COMPLETED, 1, 0)
     assert_event_chain(factory, verification_id)
+
+
+def test_a_replacement_pod_of_the_same_job_takes_over_without_spending_an_attempt(factory):
+    """A pod disrupted by the cluster (the Eviction API, a node drain) is replaced by the Job with a new
+    pod (same attempt, new name): it takes the RUNNING attempt over, no failure counted, with an event;
+    the replaced pod's writes then miss, and no pod of another attempt can take over."""
+    verification_id = submitted(factory, max_attempts=1)
+    job = f"convgate-{verification_id}-1"
+    attempt = running(factory, verification_id, f"{job}-aaaaa")
+    with transaction(factory) as session:
+        assert repository.start_attempt(session, verification_id, f"{job}-aaaaa", attempt=attempt) is None
+        assert repository.start_attempt(session, verification_id, "late", attempt=attempt - 1) is None
+        assert repository.start_attempt(session, verification_id, "ahead", attempt=attempt + 1) is None
+        taken = repository.start_attempt(session, verification_id, f"{job}-bbbbb", attempt=attempt)
+        assert taken is not None
+        assert (taken.state, taken.attempt, taken.failed_attempts, taken.worker) == (
+            State.RUNNING, attempt, 0, f"{job}-bbbbb")
+    with factory() as session:
+        last = repository.events(session, verification_id)[-1]
+    assert (last.from_state, last.to_state, last.attempt, last.reason_code, last.message) == (
+        State.RUNNING, State.RUNNING, attempt, Reason.TAKEN_OVER,
+        f"attempt {attempt} taken over by {job}-bbbbb from {job}-aaaaa")
+    with transaction(factory) as session:
+        assert not repository.heartbeat(session, verification_id, attempt, None, worker=f"{job}-aaaaa")
+        assert not repository.record_verdict(session, verification_id, attempt, REPORT, worker=f"{job}-aaaaa")
+        assert repository.end_attempt_without_verdict(session, verification_id, attempt, Reason.WORKER_ERROR,
+                                                      "boom", worker=f"{job}-aaaaa") == State.RUNNING
+        assert repository.record_verdict(session, verification_id, attempt, REPORT, worker=f"{job}-bbbbb")
+    final = row(factory, verification_id)
+    assert (final.state, final.attempt, final.failed_attempts, final.verdict_result) == (
+        State.COMPLETED, 1, 0, "GO")
+    assert_event_chain(factory, verification_id)
+
+
+def test_a_pod_of_an_older_attempt_never_takes_over_a_running_newer_one(factory):
+    verification_id = submitted(factory)
+    first = running(factory, verification_id, "pod-1-a")
+    with transaction(factory) as session:
+        repository.end_attempt_without_verdict(session, verification_id, first, Reason.JOB_LOST, "deleted")
+    second = running(factory, verification_id, "pod-2-a")
+    with transaction(factory) as session:
+        assert repository.start_attempt(session, verification_id, "pod-1-b", attempt=first) is None
+        assert repository.start_attempt(session, verification_id, "pod-3-a", attempt=second + 1) is None
+    current = row(factory, verification_id)
+    assert (current.state, current.attempt, current.worker, current.failed_attempts) == (
+        State.RUNNING, second, "pod-2-a", 1)
 
 
 def test_max_attempts_bounds_failed_attempts_and_claims(factory):

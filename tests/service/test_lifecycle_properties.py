@@ -1,5 +1,6 @@
 """Random interleavings of the whole lifecycle against the real repository, on Postgres and SQLite
-(hypothesis' stateful testing): submit, claim, start (the right, an older or a newer attempt),
+(hypothesis' stateful testing): submit, claim, start (the right, an older or a newer attempt; by a new
+worker, which takes a running attempt over as a Job's replacement pod does, or by the worker it has),
 heartbeat, verdict, crash, worker exit, cancel, lease expiry, dispatcher restart, eviction and failed
 dispatch, by current and by stale workers. After every step, for every verification:
 
@@ -9,7 +10,11 @@ dispatch, by current and by stale workers. After every step, for every verificat
 - `failed_attempts <= max_attempts`, and `< max_attempts` while it can still run (the counter
   max_attempts limits); `attempt` equals the number of claims (dispatch events) and
   `failed_attempts` the number of failure endings;
-- every transition has its event: the events chain from None through each state to the current one.
+- every transition has its event: the events chain from None through each state to the current one;
+- a takeover keeps the state RUNNING and the attempt that was started, and counts no failure.
+
+The start rule also checks its outcome against the table: it succeeds exactly for the current attempt,
+from DISPATCHED, or from RUNNING by a worker other than the one running it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ FAILURES = {Reason.WORKER_ERROR, Reason.WORKER_EXITED, Reason.HEARTBEAT_LOST, Re
 EXAMPLES = int(os.environ.get("CONVGATE_PROPERTY_EXAMPLES", "50"))  # fewer under mutation testing
 STEPS = 30
 RUNS: dict[str, tuple[int, float]] = {}
+TAKEOVERS: dict[str, int] = {}  # per database: how many starts took a running attempt over
 
 pick = st.integers(min_value=0, max_value=1_000)
 
@@ -46,6 +52,7 @@ def report(verdict: str) -> dict:
 
 class Lifecycle(RuleBasedStateMachine):
     factory = None  # set per database by the test
+    database = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -86,16 +93,34 @@ class Lifecycle(RuleBasedStateMachine):
             repository.claim(session, self._id(index), "dispatcher")
 
     @precondition(lambda self: self.ids)
-    @rule(index=pick, offset=st.sampled_from([0, 0, -1, 1]))
-    def start(self, index: int, offset: int) -> None:
+    @rule(index=pick, offset=st.sampled_from([0, 0, -1, 1]), same_worker=st.booleans())
+    def start(self, index: int, offset: int, same_worker: bool) -> None:
+        self._start(self._id(index), offset, same_worker)
+
+    @precondition(lambda self: self.ids)
+    @rule(index=pick)
+    def dispatch_and_start(self, index: int) -> None:
+        """A claim and its worker's start back to back (so RUNNING, and takeovers, are reached often)."""
         verification_id = self._id(index)
-        attempt = self._current(verification_id).attempt + offset
+        self.claim(index)
+        self._start(verification_id, 0, False)
+
+    def _start(self, verification_id: str, offset: int, same_worker: bool) -> None:
+        before = self._current(verification_id)
+        attempt = before.attempt + offset
         self.workers += 1
-        worker = f"w{self.workers}"
+        worker = before.worker if same_worker and before.worker else f"w{self.workers}"
         with transaction(self.factory) as session:
             started = repository.start_attempt(session, verification_id, worker, attempt=attempt)
+        expected = offset == 0 and (before.state == State.DISPATCHED or (
+            before.state == State.RUNNING and worker != before.worker))
+        assert (started is not None) == expected, (before.state, offset, worker, before.worker)
         if started is not None:
+            assert (started.state, started.attempt, started.worker, started.failed_attempts) == (
+                State.RUNNING, before.attempt, worker, before.failed_attempts)
             self.claims[verification_id].append((attempt, worker))
+            if before.state == State.RUNNING:
+                TAKEOVERS[self.database] = TAKEOVERS.get(self.database, 0) + 1
 
     @precondition(lambda self: self.ids)
     @rule(index=pick, which=pick)
@@ -208,9 +233,15 @@ class Lifecycle(RuleBasedStateMachine):
             assert verification.failed_attempts == sum(
                 1 for e in events if e.from_state in IN_FLIGHT and e.reason_code in FAILURES)
             previous = None
+            started_attempt = None
             for event in events:
                 assert event.from_state == previous
                 previous = event.to_state
+                if event.reason_code == Reason.STARTED:
+                    started_attempt = event.attempt
+                if event.reason_code == Reason.TAKEN_OVER:
+                    assert (event.from_state, event.to_state, event.attempt) == (
+                        State.RUNNING, State.RUNNING, started_attempt)
             assert previous == state
 
 
@@ -218,7 +249,7 @@ class Lifecycle(RuleBasedStateMachine):
 def test_lifecycle_invariants_hold_under_random_interleavings(request, database):
     url = request.getfixturevalue("pg" if database == "postgres" else "sqlite_url")
     engine = make_engine(url)
-    machine = type(f"Lifecycle_{database}", (Lifecycle,), {"factory": session_factory(engine)})
+    machine = type(f"Lifecycle_{database}", (Lifecycle,), {"factory": session_factory(engine), "database": database})
     examples = 0
     original_init = machine.__init__
 
@@ -236,5 +267,7 @@ def test_lifecycle_invariants_hold_under_random_interleavings(request, database)
     finally:
         engine.dispose()
     RUNS[database] = (examples, time.monotonic() - started)
-    print(f"\n{database}: {examples} examples of up to {STEPS} steps in {RUNS[database][1]:.1f}s")
+    print(f"\n{database}: {examples} examples of up to {STEPS} steps in {RUNS[database][1]:.1f}s, "
+          f"{TAKEOVERS.get(database, 0)} takeovers")
     assert examples >= EXAMPLES
+    assert TAKEOVERS.get(database, 0) > 0  # the takeover rule was exercised, not only declared

@@ -9,6 +9,7 @@ repository shows. Needs a test role with CREATEROLE (roles are created per run a
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,13 +18,18 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import ProgrammingError
+from typer.testing import CliRunner
+
+from service.cli import app as cli_app
+from service.dispatch.base import WorkerExit
+from service.dispatch.loop import DispatchLoop
 
 from service.lifecycle import Reason, State
 from service.persistence import repository
 from service.persistence.attempt_secrets import AttemptNotClaimedError, issue_attempt_secret, secret_digest
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.restricted_channel import RestrictedChannel
-from service.persistence.worker_channel import DirectChannel, channel_for
+from service.persistence.worker_channel import ATTEMPT_SECRET_ENV, DirectChannel, channel_for
 from service.persistence.worker_reports import apply_worker_reports
 from service.persistence.worker_role import (
     WORKER_FUNCTIONS,
@@ -32,7 +38,8 @@ from service.persistence.worker_role import (
     create_worker_login,
     grant_worker,
 )
-from tests.service.conftest import PG_ADMIN
+from tests.conftest import fixtures_root
+from tests.service.conftest import PG_ADMIN, settings_for
 
 REQUEST = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
            "artifact_sha256": "f" * 64}
@@ -367,3 +374,151 @@ def test_the_local_pool_keeps_the_direct_path(request, database):
     assert isinstance(other, RestrictedChannel)
     other.close()
     engine.dispose()
+
+
+# --- the wiring: the dispatch loop issues each attempt's secret and applies what workers report ------
+
+class RecordingDispatcher:
+    """A dispatcher double that keeps what `launch` was handed (as a Kubernetes Job's Secret would)."""
+
+    name = "recording"
+    identity = "recording:1"
+
+    def __init__(self) -> None:
+        self.launched: list[tuple[str, int, str | None]] = []
+        self.exits: list[WorkerExit] = []
+
+    def capacity(self) -> int:
+        return 4
+
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+        self.launched.append((verification_id, attempt, attempt_secret))
+
+    def reap(self) -> list[WorkerExit]:
+        exits, self.exits = self.exits, []
+        return exits
+
+    def active(self) -> set[str]:
+        return {verification_id for verification_id, _, _ in self.launched}
+
+    def cancel(self, verification_id: str) -> None:
+        """Nothing runs."""
+
+    def owns_dead(self, worker: str | None) -> bool:
+        return False
+
+    def sync(self, session) -> None:
+        """No cluster."""
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""
+
+
+def test_the_loop_issues_each_claimed_attempt_its_own_secret(factory, tmp_path):
+    first, second = submitted(factory), submitted(factory)
+    dispatcher = RecordingDispatcher()
+    DispatchLoop(dispatcher, factory, settings_for(factory.kw["bind"].url.render_as_string(False), tmp_path)).tick()
+    assert sorted((v, a) for v, a, _ in dispatcher.launched) == sorted([(first, 1), (second, 1)])
+    for verification_id, attempt, secret in dispatcher.launched:
+        assert secret is not None
+        assert row(factory, verification_id).attempt_secret_sha256 == secret_digest(verification_id, attempt, secret)
+    assert dispatcher.launched[0][2] != dispatcher.launched[1][2]
+
+
+def test_the_loop_applies_a_verdict_report_before_it_reaps_the_clean_exit(worker_login, factory, tmp_path):
+    """A restricted worker files its verdict and exits 0: the next tick must store the verdict, not
+    count the exit as an attempt that ended without one."""
+    verification_id = submitted(factory)
+    dispatcher = RecordingDispatcher()
+    loop = DispatchLoop(dispatcher, factory, settings_for(factory.kw["bind"].url.render_as_string(False), tmp_path))
+    loop.tick()
+    ((_, attempt, secret),) = dispatcher.launched
+    channel = RestrictedChannel(worker_login.engine, verification_id, attempt, "pod-a", secret, wait_seconds=0)
+    channel.start()  # filed; accepted at the next tick
+    loop.tick()
+    assert row(factory, verification_id).state == State.RUNNING
+    channel.record_verdict(report("NO-GO"))  # filed, not waited for
+    dispatcher.exits = [WorkerExit(verification_id, attempt, "exit code 0", clean=True)]
+    loop.tick()
+    final = row(factory, verification_id)
+    assert (final.state, final.verdict_result, final.failed_attempts) == (State.COMPLETED, "NO-GO", 0)
+
+
+def test_a_real_gate1_verification_through_the_restricted_credential(worker_login, factory, pg, tmp_path,
+                                                                     monkeypatch):
+    """End to end on Postgres: the loop claims and issues the secret, the Job entrypoint runs a real
+    gate-1 verification of MiniLM holding only the worker login and that secret, the loop applies the
+    outbox and the verdict is stored with its digests."""
+    from service.job import run_verification
+    from service.schemas import SubmitRequest
+    from service.verifications import submit
+    from worker.digests import sha256_file
+
+    root = fixtures_root() / "minilm"
+    artifact = root / "minilm-F32.gguf"
+    settings = settings_for(pg, tmp_path, file_roots=(fixtures_root(),), lease_seconds=30)
+    with transaction(factory) as session:
+        verification_id = submit(session, settings, "alice", SubmitRequest(
+            source_uri=(root / "source").as_uri(), artifact_uri=artifact.as_uri(),
+            artifact_sha256=sha256_file(artifact), gates=[1]), None)[0].id
+    dispatcher = RecordingDispatcher()
+    loop = DispatchLoop(dispatcher, factory, settings)
+    loop.tick()
+    ((launched_id, attempt, secret),) = dispatcher.launched
+    assert launched_id == verification_id and secret
+    monkeypatch.setenv(ATTEMPT_SECRET_ENV, secret)
+    worker_settings = settings.model_copy(update={"database_url": worker_login.url})
+    outcome: list[int] = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        run_verification(worker_settings, verification_id, attempt=attempt, worker_name="pod-e2e")), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 180
+    while worker.is_alive():
+        assert time.monotonic() < deadline, "the worker did not finish"
+        loop.tick()
+        time.sleep(0.05)
+    assert outcome == [0]
+    final = row(factory, verification_id)
+    assert (final.state, final.verdict_result, final.worker, final.attempt) == (State.COMPLETED, "GO", "pod-e2e", 1)
+    with factory() as session:
+        verdict = repository.verdict_for(session, verification_id)
+        assert verdict is not None and verdict.report["gates"]["storage"]["status"] == "passed"
+        assert artifact.as_uri() in {d["uri"] for d in verdict.report["files"]}
+    kinds = [(kind, outcome) for kind, _, worker, outcome in reports_of(factory, verification_id)]
+    assert ("start", "accepted") in kinds and ("verdict", "accepted") in kinds
+
+
+def test_grant_worker_creates_a_login_that_reaches_only_the_worker_functions(pg_url, monkeypatch):
+    suffix = uuid.uuid4().hex[:8]
+    group, login = f"convgate_worker_c{suffix}", f"convgate_worker_c{suffix}_login"
+    monkeypatch.setenv("CONVGATE_DATABASE_URL", pg_url)
+    monkeypatch.setenv("CONVGATE_ADMIN_DATABASE_URL", pg_url.rsplit("/", 1)[0] + "/postgres")
+    try:
+        result = CliRunner().invoke(cli_app, ["db", "grant-worker", "--group", group, "--login", login])
+        assert result.exit_code == 0, result.output
+        url = result.stdout.strip().splitlines()[-1]
+        assert f"{login}:" in url and url.endswith(pg_url.rsplit("/", 1)[1])
+        engine = make_engine(url)
+        try:
+            with engine.begin() as connection:
+                assert connection.execute(text("SELECT convgate_worker_start('x', 1, repeat('s', 40), 'w')")
+                                          ).scalar() is None
+            with pytest.raises(ProgrammingError), engine.begin() as connection:
+                connection.execute(text("SELECT count(*) FROM api_tokens"))
+        finally:
+            engine.dispose()
+        again = CliRunner().invoke(cli_app, ["db", "grant-worker", "--group", group])  # idempotent, no new login
+        assert again.exit_code == 0 and login not in again.stdout
+    finally:
+        owner = make_engine(pg_url)
+        with owner.begin() as connection:
+            for name, arguments in WORKER_FUNCTIONS:
+                connection.execute(text(f"DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{group}') "
+                                        f"THEN REVOKE EXECUTE ON FUNCTION {name}({arguments}) FROM {group}; "
+                                        "END IF; END $$"))
+            connection.execute(text(f"DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{group}') "
+                                    f"THEN REVOKE USAGE ON SCHEMA public FROM {group}; END IF; END $$"))
+        owner.dispose()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {login}")
+            admin.execute(f"DROP ROLE IF EXISTS {group}")
