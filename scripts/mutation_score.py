@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Mutation score of the verifier's checks: run mutmut ([tool.mutmut] in pyproject.toml) and print,
-per mutated file, the share of mutants the unit tests kill.
+"""Mutation score of the checks that decide a verdict: run mutmut on one set of modules and print,
+per mutated file, the share of mutants the tests kill.
 
 A mutant nobody's test notices ("survived" or "no tests") is a check that could be deleted with every
 test still green. The target is at least 90% killed for every file listed; exit status 1 below it.
 
-Usage: python scripts/mutation_score.py [--no-run] [--target 0.9]
+mutmut writes its mutants into `./mutants` of the tree it runs in, so each set runs in its own copy
+of the repository (under the system temp folder, or --workdir): two sets, or a developer editing
+the tree, never see each other's mutants. The sets are the table below; `[tool.mutmut]` in
+pyproject.toml is only the template the copy's settings are written into.
+
+Usage: python scripts/mutation_score.py [--set engine|lifecycle|edge|all] [--no-run] [--target 0.9]
 """
 
 from __future__ import annotations
@@ -13,13 +18,46 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^\s*(?P<module>[\w.]+?)\.x[\u01c1_]\S*__mutmut_\d+: (?P<status>[\w ]+)$")
+COPY_IGNORE = shutil.ignore_patterns(".venv", "mutants", ".fixtures", ".git", ".convgate", "__pycache__",
+                                     ".mypy_cache", ".ruff_cache", "*.gguf", "*.safetensors")
+
+
+@dataclass(frozen=True)
+class MutationSet:
+    source_paths: tuple[str, ...]
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+SETS = {
+    "engine": MutationSet(
+        ("worker",),
+        ("worker/formats/gguf_structure.py", "worker/gates/tensor_values.py", "worker/gates/metadata_check.py",
+         "worker/gates/tokenizer_metadata.py", "worker/gates/hyperparameters.py", "worker/policy.py",
+         "worker/blockers.py"),
+        ("tests/unit/",)),
+    "lifecycle": MutationSet(
+        ("service",),
+        ("service/persistence/repository.py", "service/lifecycle.py"),
+        ("tests/service/test_lifecycle.py", "tests/service/test_lifecycle_races.py",
+         "tests/service/test_lifecycle_loop.py", "tests/service/test_persistence.py",
+         "tests/service/test_lifecycle_properties.py", "tests/service/test_lifecycle_queries.py")),
+    "edge": MutationSet(
+        ("edge",),
+        ("edge/uri_policy.py", "edge/addresses.py", "edge/transport.py", "edge/retry.py"),
+        ("tests/service/test_uri_policy.py", "tests/integration/test_fetch.py",
+         "tests/integration/test_file_roots.py")),
+}
 
 
 def scores(results: str) -> dict[str, Counter[str]]:
@@ -30,19 +68,45 @@ def scores(results: str) -> dict[str, Counter[str]]:
     return per_module
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-run", action="store_true", help="only report the last run's results")
-    parser.add_argument("--target", type=float, default=0.9)
-    args = parser.parse_args()
+def _toml_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f'"{value}"' for value in values) + "]"
+
+
+def prepare(name: str, chosen: MutationSet, workdir: Path) -> Path:
+    """A copy of the repository whose [tool.mutmut] names this set (the copy is reused on --no-run)."""
+    tree = workdir / f"convgate-mutation-{name}"
+    if tree.exists():
+        shutil.rmtree(tree)
+    shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
+    pyproject = tree / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    head, _, _ = text.partition("[tool.mutmut]")
+    section = (
+        "[tool.mutmut]\n"
+        f"source_paths = {_toml_list(chosen.source_paths)}\n"
+        f"only_mutate = {_toml_list(chosen.modules)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(chosen.tests)}\n"
+        'also_copy = ["tests", "service", "scripts", "worker", "edge", "migrations", "alembic.ini", "fuzz"]\n'
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+    )
+    pyproject.write_text(head + section, encoding="utf-8")
+    return tree
+
+
+def run_set(name: str, args: argparse.Namespace) -> bool:
+    """Run one set; True when every module reaches the target."""
     mutmut = Path(sys.executable).parent / "mutmut"
-    env = dict(os.environ, CONVGATE_FIXTURES=os.environ.get("CONVGATE_FIXTURES", str(ROOT / ".fixtures")))
+    env = dict(os.environ, CONVGATE_FIXTURES=os.environ.get("CONVGATE_FIXTURES", str(ROOT / ".fixtures")),
+               CONVGATE_PROPERTY_EXAMPLES=os.environ.get("CONVGATE_PROPERTY_EXAMPLES", "5"))
+    tree = args.workdir / f"convgate-mutation-{name}"
     if not args.no_run:
-        subprocess.run([mutmut, "run", "--max-children", str(os.cpu_count() or 1)], cwd=ROOT, env=env, check=False)
-    results = subprocess.run([mutmut, "results", "--all", "true"], cwd=ROOT, env=env, check=True,
+        tree = prepare(name, SETS[name], args.workdir)
+        subprocess.run([mutmut, "run", "--max-children", str(os.cpu_count() or 1)], cwd=tree, env=env, check=False)
+    results = subprocess.run([mutmut, "results", "--all", "true"], cwd=tree, env=env, check=True,
                              capture_output=True, text=True).stdout
     below = False
-    print("| module | mutants | killed | survived | no tests | other | killed % |\n|---|---|---|---|---|---|---|")
+    print(f"\n### {name}\n\n| module | mutants | killed | survived | no tests | other | killed % |\n"
+          "|---|---|---|---|---|---|---|")
     for module, counts in sorted(scores(results).items()):
         total = sum(counts.values())
         killed = counts["killed"]
@@ -51,7 +115,19 @@ def main() -> int:
         below |= share < args.target
         print(f"| {module} | {total} | {killed} | {counts['survived']} | {counts['no tests']} | {other} | "
               f"{share:.1%} |")
-    return 1 if below else 0
+    return not below
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=[*SETS, "all"], default="all")
+    parser.add_argument("--no-run", action="store_true", help="only report the last run's results")
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    args = parser.parse_args()
+    names = list(SETS) if args.set == "all" else [args.set]
+    passed = [run_set(name, args) for name in names]
+    return 0 if all(passed) else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Genuine races, two connections at once, on Postgres and SQLite: cancel against a verdict, two
-starts of one attempt, an ending against a verdict. Both writers are held at a barrier just before
+starts of one attempt, two takeovers of one attempt, an ending against a verdict. Both writers are held at a barrier just before
 their conditional UPDATE, so each round really interleaves; exactly one must win every time.
 Plus SQLite's own fence: a transaction holds the write lock from its first statement."""
 
@@ -86,7 +86,9 @@ def test_cancel_against_verdict_has_one_winner(engine):
     assert outcomes <= {State.COMPLETED, State.CANCELLED}
 
 
-def test_two_starts_of_one_attempt_have_one_winner(engine):
+def test_two_starts_of_one_attempt_leave_one_owner(engine):
+    """Two pods of one attempt at once (a Job never runs them together, but the fence must not rely on
+    that): one starts the attempt, the other then takes it over; only the last one can still write."""
     factory = session_factory(engine)
     for _ in range(ROUNDS):
         verification_id = submitted(factory)
@@ -94,12 +96,41 @@ def test_two_starts_of_one_attempt_have_one_winner(engine):
         results = race(engine,
                        lambda s, v=verification_id, a=attempt: repository.start_attempt(s, v, "pod-a", attempt=a),
                        lambda s, v=verification_id, a=attempt: repository.start_attempt(s, v, "pod-b", attempt=a))
-        winners = [r.worker for r in results if r is not None]
-        assert len(winners) == 1, winners
+        assert all(r is not None for r in results), results
         with factory() as session:
             final = repository.get_verification(session, verification_id)
-            started = [e for e in repository.events(session, verification_id) if e.to_state == State.RUNNING]
-        assert (final.state, final.worker, len(started)) == (State.RUNNING, winners[0], 1)
+            to_running = [e.reason_code for e in repository.events(session, verification_id)
+                          if e.to_state == State.RUNNING]
+        assert (final.state, final.failed_attempts, to_running) == (
+            State.RUNNING, 0, [Reason.STARTED, Reason.TAKEN_OVER])
+        (replaced,) = {"pod-a", "pod-b"} - {final.worker}
+        with transaction(factory) as session:
+            assert not repository.heartbeat(session, verification_id, attempt, None, worker=replaced)
+            assert repository.heartbeat(session, verification_id, attempt, None, worker=final.worker)
+
+
+def test_two_takeovers_of_one_running_attempt_never_lose_an_owner(engine):
+    """Each takeover names the worker it replaces in its UPDATE, so concurrent replacements of one pod
+    chain: each one replaced the owner of its moment (two that read the same owner: only one wins)."""
+    factory = session_factory(engine)
+    for _ in range(ROUNDS):
+        verification_id = submitted(factory)
+        attempt = running(factory, verification_id, "pod-a")
+        results = race(engine,
+                       lambda s, v=verification_id, a=attempt: repository.start_attempt(s, v, "pod-b", attempt=a),
+                       lambda s, v=verification_id, a=attempt: repository.start_attempt(s, v, "pod-c", attempt=a))
+        winners = {r.worker for r in results if r is not None}
+        with factory() as session:
+            final = repository.get_verification(session, verification_id)
+            takeovers = [e.message for e in repository.events(session, verification_id)
+                         if e.reason_code == Reason.TAKEN_OVER]
+        owners = ["pod-a"]
+        for message in takeovers:
+            new, old = message.removeprefix(f"attempt {attempt} taken over by ").split(" from ")
+            assert old == owners[-1], takeovers
+            owners.append(new)
+        assert winners == set(owners[1:]) and len(owners) == len(set(owners)) >= 2, (winners, takeovers)
+        assert (final.state, final.worker, final.failed_attempts) == (State.RUNNING, owners[-1], 0)
 
 
 def test_ending_against_verdict_has_one_winner(engine):

@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 from service.cli import app as cli_app
 from service.dispatch.base import WorkerExit
 from service.dispatch.loop import DispatchLoop
-
 from service.lifecycle import Reason, State
 from service.persistence import repository
 from service.persistence.attempt_secrets import AttemptNotClaimedError, issue_attempt_secret, secret_digest
