@@ -319,6 +319,41 @@ def test_crash_and_oom_are_counted_and_named(scenarios, db, replicas, pod_runner
     print(f"scenario 8: {time.monotonic() - t0:.1f}s")
 
 
+# --- 8b: least privilege: the worker holds only its restricted login and its attempt's secret ------
+
+@pytest.fixture
+def worker_login(pg: str) -> Iterator[str]:
+    """A worker login that may only call the worker functions (`convgate db grant-worker`); its URL."""
+    from tests.service.worker_roles import restricted_worker_login
+
+    with restricted_worker_login(pg, "convgate_worker_c") as (made, _group):
+        yield made.url
+
+
+def test_a_restricted_worker_records_its_verdict_through_the_worker_functions(scenarios, db, replicas,
+                                                                             worker_login) -> None:
+    """With a worker database Secret the dispatcher creates the attempt's own Secret (the Role's
+    `secrets: create`) and the Job never sees the service's database URL."""
+    t0 = time.monotonic()
+    scenario = scenarios("cg-restricted")
+    scenario.api.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {
+        "name": "convgate-worker-database", "namespace": scenario.namespace}, "stringData": {"url": worker_login}})
+    settings = scenario.settings(kube={"worker_database_secret": "convgate-worker-database"})
+    store = db(settings)
+    replicas(settings)
+    verification_id = store.submit()
+    store.wait_state(verification_id, State.COMPLETED, State.FAILED, timeout=WORKER_TIMEOUT)
+    completed_once(store, verification_id)
+    (job,) = scenario.jobs()
+    secrets_used = {ref["name"] for container in job["spec"]["template"]["spec"]["containers"]
+                    for env in container.get("env", []) for ref in [env.get("valueFrom", {}).get("secretKeyRef")]
+                    if ref}
+    assert "convgate-worker-database" in secrets_used and "convgate-database" not in secrets_used, secrets_used
+    assert len(secrets_used) == 2, secrets_used  # the worker login and this attempt's own Secret
+    one_job_each(scenario, [verification_id])
+    print(f"scenario 8b (restricted worker): {time.monotonic() - t0:.1f}s")
+
+
 # --- 6: Kueue stopped (last: it restarts Kueue) -----------------------------------------------------
 
 def test_kueue_down_keeps_verifications_queued_with_a_reason(cluster, scenarios, db, replicas) -> None:

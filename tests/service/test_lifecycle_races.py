@@ -1,6 +1,7 @@
 """Genuine races, two connections at once, on Postgres and SQLite: cancel against a verdict, two
-starts of one attempt, two takeovers of one attempt, an ending against a verdict. Both writers are held at a barrier just before
-their conditional UPDATE, so each round really interleaves; exactly one must win every time.
+starts of one attempt, two takeovers of one attempt, an ending against a verdict. Both writers are
+held at a barrier just before their conditional UPDATE, so each round really interleaves; exactly
+one must win every time (or, for takeovers, each must replace the owner of its moment).
 Plus SQLite's own fence: a transaction holds the write lock from its first statement."""
 
 from __future__ import annotations

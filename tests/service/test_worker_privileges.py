@@ -34,11 +34,10 @@ from service.persistence.worker_role import (
     WORKER_FUNCTIONS,
     WorkerRoleError,
     check_least_privilege,
-    create_worker_login,
-    grant_worker,
 )
 from tests.conftest import fixtures_root
 from tests.service.conftest import PG_ADMIN, settings_for
+from tests.service.worker_roles import restricted_worker_login
 
 REQUEST = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
            "artifact_sha256": "f" * 64}
@@ -76,23 +75,10 @@ def worker_login(pg_url: str) -> Iterator[Worker]:
         may_create_roles = admin.execute("SELECT rolcreaterole OR rolsuper FROM pg_roles "
                                          "WHERE rolname = current_user").fetchone()
     assert may_create_roles and may_create_roles[0], "the test role needs CREATEROLE (dev.py ensure_postgres)"
-    suffix = uuid.uuid4().hex[:8]
-    group, login = f"convgate_worker_t{suffix}", f"convgate_worker_t{suffix}_login"
-    admin_url = pg_url.rsplit("/", 1)[0] + "/postgres"
-    made = create_worker_login(admin_url, pg_url, group, login)
-    grant_worker(pg_url, group)
-    engine = make_engine(made.url)
-    yield Worker(made.url, group, engine)
-    engine.dispose()
-    owner = make_engine(pg_url)
-    with owner.begin() as connection:
-        for name, arguments in WORKER_FUNCTIONS:
-            connection.execute(text(f"REVOKE EXECUTE ON FUNCTION {name}({arguments}) FROM {group}"))
-        connection.execute(text(f"REVOKE USAGE ON SCHEMA public FROM {group}"))
-    owner.dispose()
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f"DROP ROLE IF EXISTS {login}")
-        admin.execute(f"DROP ROLE IF EXISTS {group}")
+    with restricted_worker_login(pg_url, "convgate_worker_t") as (made, group):
+        engine = make_engine(made.url)
+        yield Worker(made.url, group, engine)
+        engine.dispose()
 
 
 @pytest.fixture
