@@ -72,33 +72,33 @@ def db_grant_worker(
 @tokens_app.command("create")
 def tokens_create(name: str, role: Annotated[Role, typer.Option()]) -> None:
     """Create a token; the secret is printed once and stored only as a digest."""
-    from service.persistence import repository
+    from service.persistence import tokens
     from service.persistence.db import transaction
 
     secret = new_secret()
     with transaction(_factory(Settings())) as session:
-        repository.add_token(session, name, role.value, digest(secret))
+        tokens.add_token(session, name, role.value, digest(secret))
     sys.stdout.write(secret + "\n")
 
 
 @tokens_app.command("revoke")
 def tokens_revoke(name: str) -> None:
-    from service.persistence import repository
+    from service.persistence import tokens
     from service.persistence.db import transaction
 
     with transaction(_factory(Settings())) as session:
-        if not repository.revoke_token(session, name):
+        if not tokens.revoke_token(session, name):
             stderr.print(f"no active token named {name!r}")
             raise typer.Exit(1)
 
 
 @tokens_app.command("list")
 def tokens_list() -> None:
-    from service.persistence import repository
+    from service.persistence import tokens
 
     with _factory(Settings())() as session:
         table = Table("name", "role", "created", "revoked")
-        for token in repository.list_tokens(session):
+        for token in tokens.list_tokens(session):
             table.add_row(token.name, token.role, str(token.created_at), str(token.revoked_at or ""))
     Console().print(table)
 

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.persistence import repository
+from service.persistence import stats
 from service.states import State
 
 GATE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
@@ -21,9 +21,9 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterator:
         with self.factory() as session:
-            counts = repository.state_counts(session)
-            verdicts = repository.verdict_counts(session)
-            histogram = repository.gate_duration_histogram(session, GATE_BUCKETS)
+            counts = stats.state_counts(session)
+            verdicts = stats.verdict_counts(session)
+            histogram = stats.gate_duration_histogram(session, GATE_BUCKETS)
         depth = GaugeMetricFamily("convgate_verifications", "Verifications by state", labels=["state"])
         for state in State:
             depth.add_metric([state.value], counts.get(state.value, 0))

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.auth import Role, digest
 from service.config import Settings
-from service.persistence import repository
+from service.persistence import tokens
 from service.persistence.db import transaction
 
 
@@ -46,7 +46,7 @@ def _bearer(request: Request) -> str | None:
 
 
 def principal_for(session: Session, secret: str | None) -> Principal | None:
-    token = repository.active_token(session, digest(secret)) if secret else None
+    token = tokens.active_token(session, digest(secret)) if secret else None
     return None if token is None else Principal(token.name, Role(token.role))
 
 

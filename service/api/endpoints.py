@@ -14,7 +14,7 @@ from service.api.cursors import check_verification_cursor
 from service.api.deps import Principal, SessionDep, SettingsDep, require
 from service.api.errors import ERRORS
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT
-from service.persistence import repository
+from service.persistence import repository, stats
 from service.persistence.models import Verification
 from service.report_render import to_html, to_markdown
 from service.schemas import (
@@ -161,7 +161,7 @@ def queue_snapshot(session: SessionDep, dispatcher: str) -> QueueOut:
                          cluster_status=v.cluster_status, queue_position=v.queue_position)
 
     oldest = repository.oldest_queued(session)
-    return QueueOut(counts=repository.state_counts(session), oldest_waiting=item(oldest) if oldest else None,
+    return QueueOut(counts=stats.state_counts(session), oldest_waiting=item(oldest) if oldest else None,
                     active=[item(v) for v in repository.active(session)], dispatcher=dispatcher)
 
 

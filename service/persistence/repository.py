@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast, overload
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
 from service.persistence.models import (
-    ApiToken,
     FileDigestRecord,
     GateResultRow,
     TensorRowRecord,
@@ -40,30 +39,6 @@ def as_utc(moment: datetime | None) -> datetime | None:
     if moment is None or moment.tzinfo is not None:
         return moment
     return moment.replace(tzinfo=UTC)
-
-
-# --- tokens ---------------------------------------------------------------------------------
-
-def add_token(session: Session, name: str, role: str, token_sha256: str) -> ApiToken:
-    token = ApiToken(name=name, role=role, token_sha256=token_sha256, created_at=now())
-    session.add(token)
-    session.flush()
-    return token
-
-
-def active_token(session: Session, token_sha256: str) -> ApiToken | None:
-    return session.scalar(select(ApiToken).where(ApiToken.token_sha256 == token_sha256,
-                                                 ApiToken.revoked_at.is_(None)))
-
-
-def revoke_token(session: Session, name: str) -> bool:
-    result = session.execute(update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
-                             .values(revoked_at=now()))
-    return cast(CursorResult, result).rowcount == 1
-
-
-def list_tokens(session: Session) -> list[ApiToken]:
-    return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
 
 
 # --- verifications --------------------------------------------------------------------------
@@ -385,11 +360,6 @@ def verdict_for(session: Session, verification_id: str) -> Verdict | None:
     return session.scalar(select(Verdict).where(Verdict.verification_id == verification_id))
 
 
-def state_counts(session: Session) -> dict[str, int]:
-    rows = session.execute(select(Verification.state, func.count()).group_by(Verification.state))
-    return {state: count for state, count in rows}
-
-
 def oldest_queued(session: Session) -> Verification | None:
     return session.scalar(select(Verification).where(Verification.state == State.QUEUED)
                           .order_by(Verification.created_at).limit(1))
@@ -398,22 +368,6 @@ def oldest_queued(session: Session) -> Verification | None:
 def active(session: Session, limit: int = 100) -> list[Verification]:
     return list(session.scalars(select(Verification).where(Verification.state.in_(
         (State.QUEUED, State.DISPATCHED, State.RUNNING))).order_by(Verification.created_at).limit(limit)))
-
-
-def verdict_counts(session: Session) -> dict[str, int]:
-    rows = session.execute(select(Verdict.verdict, func.count()).group_by(Verdict.verdict))
-    return {verdict: count for verdict, count in rows}
-
-
-def gate_duration_histogram(session: Session, buckets: tuple[float, ...]) -> dict[str, tuple[list[int], int, float]]:
-    """Per gate: cumulative counts at each bucket bound, total count and sum, computed in SQL."""
-    columns = [func.sum(case((GateResultRow.seconds <= bound, 1), else_=0)) for bound in buckets]
-    query = select(GateResultRow.gate, func.count(), func.sum(GateResultRow.seconds), *columns)
-    histogram: dict[str, tuple[list[int], int, float]] = {}
-    for row in session.execute(query.group_by(GateResultRow.gate)):
-        gate, total, seconds, *counts = tuple(row)
-        histogram[str(gate)] = ([int(c or 0) for c in counts], int(total), float(seconds or 0.0))
-    return histogram
 
 
 # --- policy origin (revision 0005; the access log is access_log.py) ------------------------------

@@ -18,7 +18,7 @@ from sqlalchemy import text
 from service.api.app import create_app
 from service.auth import Role, digest, new_secret
 from service.config import Settings
-from service.persistence import repository
+from service.persistence import tokens
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import upgrade
 
@@ -78,7 +78,7 @@ def add_token(url: str, role: Role, name: str | None = None) -> str:
     secret = new_secret()
     engine = make_engine(url)
     with transaction(session_factory(engine)) as session:
-        repository.add_token(session, name or f"{role.value}-{uuid.uuid4().hex[:6]}", role.value, digest(secret))
+        tokens.add_token(session, name or f"{role.value}-{uuid.uuid4().hex[:6]}", role.value, digest(secret))
     engine.dispose()
     return secret
 

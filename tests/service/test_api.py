@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.auth import Role
-from service.persistence import repository
+from service.persistence import repository, tokens
 from service.persistence.db import transaction
 from tests.service.conftest import add_token, settings_for
 
@@ -24,10 +24,10 @@ def api(sqlite_url, tmp_path):
     settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True, file_roots=(Path("/models"),),
                             metrics_public=False)
     app = create_app(settings, run_dispatcher=False)
-    tokens = {role: add_token(sqlite_url, role, f"{role.value}-1") for role in Role}
-    tokens["other-submitter"] = add_token(sqlite_url, Role.SUBMITTER, "submitter-2")
+    by_role = {role: add_token(sqlite_url, role, f"{role.value}-1") for role in Role}
+    by_role["other-submitter"] = add_token(sqlite_url, Role.SUBMITTER, "submitter-2")
     with TestClient(app) as client:
-        client.tokens = tokens
+        client.tokens = by_role
         client.app_state = app.state
         yield client
 
@@ -94,7 +94,7 @@ def test_revoked_token_is_refused(api, sqlite_url):
 
     engine = make_engine(sqlite_url)
     with transaction(session_factory(engine)) as session:
-        assert repository.revoke_token(session, "auditor-1")
+        assert tokens.revoke_token(session, "auditor-1")
     engine.dispose()
     assert api.get("/v1/verifications", headers=auth(api, Role.AUDITOR)).status_code == 401
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text, update
 
 from service.lifecycle import Reason, State
-from service.persistence import repository
+from service.persistence import repository, stats
 from service.persistence.db import transaction
 from service.persistence.models import Verification
 from tests.service.test_lifecycle import REPORT, claimed, factory, row, running, submitted
@@ -36,7 +36,7 @@ def test_claim_queued_takes_the_oldest_first_and_at_most_limit(factory):
     assert [v.state for v in first] == [State.DISPATCHED] * 2
     with factory() as session:
         assert repository.oldest_queued(session).id == ids[2]
-        assert repository.state_counts(session) == {"dispatched": 2, "queued": 1}
+        assert stats.state_counts(session) == {"dispatched": 2, "queued": 1}
         assert [v.id for v in repository.active(session, limit=2)] == [ids[1], ids[0]]
     with transaction(factory) as session:
         assert [v.id for v in repository.claim_queued(session, 5, "d")] == [ids[2]]
@@ -75,7 +75,7 @@ def test_list_filters_and_pages_newest_first(factory):
         assert ids_for(submitted_by="bob") == [ids[1]]
         assert ids_for(since=middle) == [ids[4], ids[3], ids[2]]
         assert ids_for(until=middle) == [ids[1], ids[0]]
-        assert repository.verdict_counts(session) == {"NO-GO": 1}
+        assert stats.verdict_counts(session) == {"NO-GO": 1}
         cursor = repository.encode_cursor(third)
         assert repository.decode_cursor(cursor) == (repository.as_utc(third.created_at), ids[3])
 
@@ -89,7 +89,7 @@ def test_gate_durations_are_bucketed_in_sql(factory):
         with transaction(factory) as session:
             assert repository.record_verdict(session, verification_id, attempt, report, worker="w")
     with factory() as session:
-        histogram = repository.gate_duration_histogram(session, (0.5, 1.0, 5.0, 60.0))
+        histogram = stats.gate_duration_histogram(session, (0.5, 1.0, 5.0, 60.0))
     assert histogram == {"storage": ([1, 1, 2, 3], 3, pytest.approx(53.4)), "runtime": ([0, 3, 3, 3], 3, 3.0)}
 
 

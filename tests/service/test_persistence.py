@@ -11,7 +11,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from service.lifecycle import IllegalTransitionError, Reason, State, check_transition
-from service.persistence import repository
+from service.persistence import repository, tokens
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import downgrade, upgrade
 from service.persistence.models import Base
@@ -135,16 +135,16 @@ def test_attempts_run_out_then_fail_with_reason(factory):
 
 def test_tokens_are_found_by_digest_until_revoked(factory):
     with transaction(factory) as session:
-        repository.add_token(session, "ci", "submitter", "d" * 64)
-        repository.add_token(session, "ops", "operator", "e" * 64)
+        tokens.add_token(session, "ci", "submitter", "d" * 64)
+        tokens.add_token(session, "ops", "operator", "e" * 64)
     with transaction(factory) as session:
-        assert repository.active_token(session, "d" * 64).name == "ci"
-        assert [(t.name, t.role) for t in repository.list_tokens(session)] == [("ci", "submitter"),
+        assert tokens.active_token(session, "d" * 64).name == "ci"
+        assert [(t.name, t.role) for t in tokens.list_tokens(session)] == [("ci", "submitter"),
                                                                               ("ops", "operator")]
-        assert repository.revoke_token(session, "ci")
-        assert not repository.revoke_token(session, "ci")
-        assert not repository.revoke_token(session, "nobody")
+        assert tokens.revoke_token(session, "ci")
+        assert not tokens.revoke_token(session, "ci")
+        assert not tokens.revoke_token(session, "nobody")
     with factory() as session:
-        assert repository.active_token(session, "d" * 64) is None
-        assert repository.active_token(session, "e" * 64).role == "operator"
-        assert repository.list_tokens(session)[0].revoked_at is not None
+        assert tokens.active_token(session, "d" * 64) is None
+        assert tokens.active_token(session, "e" * 64).role == "operator"
+        assert tokens.list_tokens(session)[0].revoked_at is not None

@@ -24,7 +24,7 @@ from service.cli import app as cli_app
 from service.dispatch.base import WorkerExit
 from service.dispatch.loop import DispatchLoop
 from service.lifecycle import Reason, State
-from service.persistence import repository
+from service.persistence import repository, tokens
 from service.persistence.attempt_secrets import AttemptNotClaimedError, issue_attempt_secret, secret_digest
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.restricted_channel import RestrictedChannel
@@ -216,7 +216,7 @@ def test_a_worker_reads_and_writes_no_table_at_all(worker_login, factory):
 
 def test_a_worker_may_not_read_tokens_or_call_the_internal_functions(worker_login, factory):
     with transaction(factory) as session:
-        repository.add_token(session, "pipeline", "submitter", "d" * 64)
+        tokens.add_token(session, "pipeline", "submitter", "d" * 64)
     for statement in ("SELECT token_sha256 FROM api_tokens",
                       "SELECT * FROM convgate_worker_authenticated('x', 1, repeat('s', 40))",
                       "SELECT convgate_worker_submit('x', 1, repeat('s', 40), 'w', 'verdict', '{}'::jsonb)",

@@ -1,0 +1,34 @@
+"""API tokens: stored only as sha256 digests of their secrets (service/auth.py makes the secrets)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session
+
+from service.persistence.models import ApiToken
+from service.persistence.repository import now
+
+
+def add_token(session: Session, name: str, role: str, token_sha256: str) -> ApiToken:
+    token = ApiToken(name=name, role=role, token_sha256=token_sha256, created_at=now())
+    session.add(token)
+    session.flush()
+    return token
+
+
+def active_token(session: Session, token_sha256: str) -> ApiToken | None:
+    return session.scalar(select(ApiToken).where(ApiToken.token_sha256 == token_sha256,
+                                                 ApiToken.revoked_at.is_(None)))
+
+
+def revoke_token(session: Session, name: str) -> bool:
+    result = session.execute(update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
+                             .values(revoked_at=now()))
+    return cast(CursorResult, result).rowcount == 1
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
