@@ -1,6 +1,7 @@
 """Every Kueue manifest and every rendered Helm template, validated against the real schemas with
-unknown fields rejected (Kubernetes: kubernetes-validate's bundled schemas; Kueue: the v0.19.2 CRDs
-in ../shared/schemas/kueue), plus the real `helm lint --strict` and `helm template`."""
+unknown fields rejected (Kubernetes: kubernetes-validate's bundled schemas; Kueue: the CRDs of the
+Kueue module the cluster tests run, which scripts/build_kube.py caches beside its binaries), plus the
+real `helm lint --strict` and `helm template`."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.cluster.cluster import find_binaries
 from tests.conftest import REPO, fixtures_root
 
 KUBERNETES_VERSION = "1.35.0"
-KUEUE_SCHEMAS = REPO.parent / "shared" / "schemas" / "kueue"
 CHART = REPO / "deploy" / "helm" / "convgate"
 KUEUE_CRDS = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
               "WorkloadPriorityClass": "workloadpriorityclasses", "Workload": "workloads"}
@@ -52,9 +53,9 @@ def strict(schema: Any) -> Any:
 
 @cache
 def kueue_schema(kind: str) -> dict[str, Any]:
-    if not KUEUE_SCHEMAS.is_dir():
-        pytest.skip("../shared/schemas/kueue is not beside the repository")
-    crd = yaml.safe_load((KUEUE_SCHEMAS / f"kueue.x-k8s.io_{KUEUE_CRDS[kind]}.yaml").read_text())
+    """Raises (never skips) when scripts/build_kube.py has not cached the Kueue config."""
+    crds = find_binaries().parent / "kueue-config" / "components" / "crd" / "bases"
+    crd = yaml.safe_load((crds / f"kueue.x-k8s.io_{KUEUE_CRDS[kind]}.yaml").read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1beta2")
     return strict(version["schema"]["openAPIV3Schema"])
 
