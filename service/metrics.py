@@ -9,8 +9,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.lifecycle import State
 from service.persistence import stats
-from service.states import State
 
 GATE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 

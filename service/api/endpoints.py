@@ -14,6 +14,7 @@ from service.api.cursors import check_verification_cursor
 from service.api.deps import Principal, SessionDep, SettingsDep, require
 from service.api.errors import ERRORS
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT
+from service.lifecycle import State
 from service.persistence import repository, stats
 from service.persistence.models import Verification
 from service.report_render import to_html, to_markdown
@@ -29,7 +30,6 @@ from service.schemas import (
     VerificationList,
     VerificationOut,
 )
-from service.states import State
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 VerificationId = Annotated[str, Path(pattern=UUID_PATTERN, description="a verification's id (a UUID)")]

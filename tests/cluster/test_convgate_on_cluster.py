@@ -19,7 +19,7 @@ import pytest
 
 from service.auth import Role
 from service.config import Settings
-from service.states import State
+from service.lifecycle import State
 from service.verifications import cancel
 from tests.service.conftest import add_token, start_server
 

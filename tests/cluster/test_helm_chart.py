@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, text
 
 from service.auth import Role
 from service.config import Settings
-from service.states import State
+from service.lifecycle import State
 from tests.service.conftest import PG_ADMIN, add_token, start_server
 
 from .cluster import REPO, Cluster, process_env

@@ -14,9 +14,9 @@ from service.dispatch.kube.dispatcher import KubernetesDispatcher
 from service.dispatch.kube.errors import KubeError
 from service.dispatch.kube.job_manifest import ALLOWED_RESOURCES, build_job, job_name
 from service.dispatch.loop import DispatchLoop
+from service.lifecycle import State
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
-from service.states import State
 from tests.service.fake_kube import FakeCluster, serve
 
 REQUEST = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",

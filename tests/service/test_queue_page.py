@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from service.auth import Role
+from service.lifecycle import State
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
-from service.states import State
 from tests.service.cdp import Browser
 from tests.service.conftest import add_token, settings_for, start_server
 
