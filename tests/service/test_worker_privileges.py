@@ -140,6 +140,13 @@ def restricted(worker: Worker, verification_id: str, attempt: int, secret: str, 
                              poll_seconds=0.02)
 
 
+def claimed_channel(worker: Worker, factory) -> tuple[str, RestrictedChannel]:
+    """A submitted verification, claimed by the loop, and the restricted channel its worker gets."""
+    verification_id = submitted(factory)
+    attempt, secret = claimed(factory, verification_id)
+    return verification_id, restricted(worker, verification_id, attempt, secret)
+
+
 def test_the_honest_path_is_recorded_and_visible_through_the_repository(worker_login, factory):
     verification_id = submitted(factory)
     attempt, secret = claimed(factory, verification_id)
@@ -162,9 +169,7 @@ def test_the_honest_path_is_recorded_and_visible_through_the_repository(worker_l
 
 
 def test_a_heartbeat_moves_the_lease_and_the_progress(worker_login, factory):
-    verification_id = submitted(factory)
-    attempt, secret = claimed(factory, verification_id)
-    channel = restricted(worker_login, verification_id, attempt, secret)
+    verification_id, channel = claimed_channel(worker_login, factory)
     with ControlPlane(factory):
         assert channel.start() is not None
     before = row(factory, verification_id).heartbeat_at
@@ -176,9 +181,7 @@ def test_a_heartbeat_moves_the_lease_and_the_progress(worker_login, factory):
 
 
 def test_a_worker_that_ends_without_a_verdict_is_retried(worker_login, factory):
-    verification_id = submitted(factory)
-    attempt, secret = claimed(factory, verification_id)
-    channel = restricted(worker_login, verification_id, attempt, secret)
+    verification_id, channel = claimed_channel(worker_login, factory)
     with ControlPlane(factory):
         assert channel.start() is not None
         channel.end_without_verdict("RuntimeError: boom")
@@ -283,9 +286,7 @@ def test_a_worker_may_not_heartbeat_someone_elses_attempt(worker_login, factory)
 
 
 def test_a_malformed_verdict_is_marked_invalid_and_changes_nothing(worker_login, factory):
-    verification_id = submitted(factory)
-    attempt, secret = claimed(factory, verification_id)
-    channel = restricted(worker_login, verification_id, attempt, secret)
+    verification_id, channel = claimed_channel(worker_login, factory)
     with ControlPlane(factory):
         assert channel.start() is not None
         assert channel.record_verdict({"verdict": "GO", "blockers": "none"}) is False
@@ -294,9 +295,7 @@ def test_a_malformed_verdict_is_marked_invalid_and_changes_nothing(worker_login,
 
 
 def test_an_oversized_heartbeat_is_refused(worker_login, factory):
-    verification_id = submitted(factory)
-    attempt, secret = claimed(factory, verification_id)
-    channel = restricted(worker_login, verification_id, attempt, secret)
+    _, channel = claimed_channel(worker_login, factory)
     assert channel.heartbeat({"stage": "x" * 10_000}) is False
     assert channel.heartbeat({"stage": "x"}) is True
 
