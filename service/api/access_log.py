@@ -10,11 +10,11 @@ from fastapi import APIRouter, Query, Request
 from sqlalchemy.orm import Session
 
 from edge.redact import redact
-from service.api.cursors import decode_before_id, encode_before_id
 from service.api.deps import Principal, SessionDep, require
 from service.api.errors import ERRORS
 from service.auth import AUDIT
 from service.persistence import access_log, repository
+from service.persistence.cursors import decode_before_id, encode_before_id
 from service.schemas import PRINTABLE, UUID_PATTERN, AccessLogEntry, AccessLogPage, Moment
 
 Action = Literal["read_verification", "read_report", "read_events", "list_verifications", "read_access_log"]

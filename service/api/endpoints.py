@@ -10,7 +10,6 @@ from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from service import verifications
 from service.api import access_log
-from service.api.cursors import check_verification_cursor
 from service.api.deps import Principal, SessionDep, SettingsDep, require
 from service.api.errors import ERRORS
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT
@@ -102,7 +101,7 @@ def list_verifications(
     filters = repository.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
                                      policy_origin=policy_origin, policy=policy)
     rows, next_cursor = repository.list_verifications(session, filters, limit=limit,
-                                                      cursor=check_verification_cursor(cursor))
+                                                      cursor=cursor)
     access_log.record(session, request, principal, "list_verifications")
     items = [verifications.to_out(session, row, with_blockers=False) for row in rows]
     return VerificationList(items=items, next_cursor=next_cursor)

@@ -11,6 +11,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
+from service.persistence.cursors import InvalidCursorError
 from service.schemas import ErrorOut
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -27,5 +28,10 @@ async def validation_error(_request: Request, exc: Exception) -> Response:
     return Response(body, status_code=422, media_type="application/json")
 
 
+async def invalid_cursor(_request: Request, exc: Exception) -> Response:
+    return Response(json.dumps({"detail": str(exc)}), status_code=400, media_type="application/json")
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(InvalidCursorError, invalid_cursor)

@@ -3,8 +3,6 @@ commit: the caller (a request dependency or `transaction()`) owns the unit of wo
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -16,6 +14,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
+from service.persistence.cursors import decode_verification_cursor, encode_verification_cursor
 from service.persistence.models import (
     FileDigestRecord,
     GateResultRow,
@@ -96,13 +95,12 @@ class ListFilters:
 
 
 def encode_cursor(verification: Verification) -> str:
-    raw = json.dumps([as_utc(verification.created_at).isoformat(), verification.id])
-    return base64.urlsafe_b64encode(raw.encode()).decode()
+    return encode_verification_cursor(as_utc(verification.created_at), verification.id)
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    created, ident = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-    return datetime.fromisoformat(created), str(ident)
+    """Raises InvalidCursorError for a cursor this service did not issue."""
+    return decode_verification_cursor(cursor)
 
 
 def list_verifications(session: Session, filters: ListFilters, *, limit: int,

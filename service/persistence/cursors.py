@@ -1,5 +1,6 @@
-"""Opaque page cursors, decoded strictly at the edge: anything a client made up is a 400, never a
-query built from garbage (a cursor of `MQ==` used to reach the database as the number 1)."""
+"""Opaque page cursors, made and read in one place and read strictly: anything a client made up raises
+`InvalidCursorError` (the API's 400), never a query built from garbage (a cursor of `MQ==` used to
+reach the database as the number 1)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import re
 from datetime import datetime
 from typing import Any
 
-from fastapi import HTTPException, status
-
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 MAX_CURSOR_CHARS = 256
 
 
-def _invalid() -> HTTPException:
-    return HTTPException(status.HTTP_400_BAD_REQUEST, "invalid cursor")
+class InvalidCursorError(ValueError):
+    """The cursor is not one this service issued."""
+
+
+def _invalid() -> InvalidCursorError:
+    return InvalidCursorError("invalid cursor")
 
 
 def _payload(cursor: str) -> Any:
@@ -29,10 +32,12 @@ def _payload(cursor: str) -> Any:
         raise _invalid() from exc
 
 
-def check_verification_cursor(cursor: str | None) -> str | None:
-    """A cursor of GET /v1/verifications: [aware ISO time, verification id]; returned unchanged."""
-    if cursor is None:
-        return None
+def encode_verification_cursor(created_at: datetime, verification_id: str) -> str:
+    """A cursor of GET /v1/verifications: [aware ISO time, verification id] of the last row shown."""
+    return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), verification_id]).encode()).decode()
+
+
+def decode_verification_cursor(cursor: str) -> tuple[datetime, str]:
     payload = _payload(cursor)
     if not (isinstance(payload, list) and len(payload) == 2 and all(isinstance(p, str) for p in payload)):
         raise _invalid()
@@ -43,7 +48,7 @@ def check_verification_cursor(cursor: str | None) -> str | None:
         raise _invalid() from exc
     if moment.tzinfo is None or not UUID.fullmatch(ident):
         raise _invalid()
-    return cursor
+    return moment, ident
 
 
 def encode_before_id(row_id: int) -> str:
