@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import blocked_tensors, run_gate1
-from worker.gates import architectures
+from worker.gates.architectures import llama as architectures
 
 pytestmark = pytest.mark.slow
 

@@ -7,13 +7,16 @@ from dataclasses import dataclass
 from worker.blockers import Blocker
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
-from worker.gates.architectures import Architecture, RowTransform
+from worker.gates.architectures import Architecture, Derivation, RowTransform, TensorSource
 
 
 @dataclass(frozen=True, slots=True)
 class Pairing:
+    """A GGUF tensor and what its stored values must equal: a source tensor (reordered by
+    `transform`) or a tensor derived from several."""
+
     gguf_name: str
-    source_name: str
+    source: TensorSource
     transform: RowTransform | None
 
 
@@ -32,45 +35,81 @@ def _classify(gguf_type: str, source_dtype: str, transform: RowTransform | None)
     return "renamed (quantized)" if gguf_type not in ("F32", "F16", "BF16", "F64") else "renamed (cast)"
 
 
+class _Taking:
+    """The running state of one inventory: what is paired, claimed and blocked so far."""
+
+    def __init__(self, layout: GGUFLayout) -> None:
+        self.by_name = {info.name: info for info in layout.tensors}
+        self.pairs: list[Pairing] = []
+        self.classification: dict[str, str] = {}
+        self.blockers: list[Blocker] = []
+        self.claimed: dict[str, str] = {}
+
+    def block(self, code: str, why: str, tensor: str) -> None:
+        self.blockers.append(Blocker(code=code, gate="storage", why=why, tensor=tensor))
+
+    def shape_agrees(self, target: str, shape: tuple[int, ...], source_label: str) -> bool:
+        info = self.by_name[target]
+        if info.numpy_shape == shape:
+            return True
+        self.block("tensor.shape_mismatch",
+                   f"{target} has shape {list(info.numpy_shape)}, source {source_label} has {list(shape)}", target)
+        return False
+
+    def derive(self, derivation: Derivation, source: SourceModel) -> None:
+        target = derivation.gguf_name
+        absent = [n for n in derivation.source_names if n not in source.tensors or not source.tensors[n].is_float]
+        if absent or target not in self.by_name or target in self.claimed:
+            for name in derivation.source_names:
+                self.classification.setdefault(name, "missing")
+            where = f"source tensors {absent} are absent" if absent else (
+                f"{target!r} is not in the GGUF" if target not in self.by_name else f"{target!r} is claimed twice")
+            self.block("tensor.missing", f"{target} ({derivation.description}): {where}", target)
+            return
+        self.claimed[target] = derivation.source_names[0]
+        try:
+            tensor = derivation.build([source.tensors[n] for n in derivation.source_names])
+        except ValueError as exc:
+            self.block("tensor.shape_mismatch", f"{target} ({derivation.description}): {exc}", target)
+            return
+        for name in derivation.source_names:
+            self.classification[name] = f"transformed ({derivation.description}) into {target}"
+        if self.shape_agrees(target, tensor.shape, tensor.name):
+            self.pairs.append(Pairing(target, tensor, None))
+
+
 def take_inventory(arch: Architecture, layout: GGUFLayout, source: SourceModel) -> Inventory:
-    by_name = {info.name: info for info in layout.tensors}
-    pairs: list[Pairing] = []
-    classification: dict[str, str] = {}
-    blockers: list[Blocker] = []
-    claimed: dict[str, str] = {}
-
-    def block(code: str, why: str, tensor: str) -> None:
-        blockers.append(Blocker(code=code, gate="storage", why=why, tensor=tensor))
-
+    taking = _Taking(layout)
+    derived_sources: set[str] = set()
+    for derivation in arch.derivations(source.tensors.keys()):
+        taking.derive(derivation, source)
+        derived_sources.update(derivation.source_names)
     for name, tensor in sorted(source.tensors.items()):
+        if name in derived_sources:
+            continue
         reason = arch.omission_reason(name)
         if reason is not None:
-            classification[name] = f"omitted: {reason}"
+            taking.classification[name] = f"omitted: {reason}"
             continue
         target = arch.gguf_name(name) if tensor.is_float else None
-        if target is None or target not in by_name:
-            classification[name] = "missing"
+        if target is None or target not in taking.by_name:
+            taking.classification[name] = "missing"
             where = f"expected as {target!r}" if target else "no GGUF name maps to it"
-            block("tensor.missing", f"source tensor {name!r} is not in the GGUF ({where})", name)
+            taking.block("tensor.missing", f"source tensor {name!r} is not in the GGUF ({where})", name)
             continue
-        if target in claimed:
-            classification[name] = "missing"
-            block("tensor.missing", f"{name!r} and {claimed[target]!r} both map to {target!r}", name)
+        if target in taking.claimed:
+            taking.classification[name] = "missing"
+            taking.block("tensor.missing", f"{name!r} and {taking.claimed[target]!r} both map to {target!r}", name)
             continue
-        claimed[target] = name
-        info = by_name[target]
-        if info.numpy_shape != tensor.shape:
-            classification[name] = "shape mismatch"
-            block(
-                "tensor.shape_mismatch",
-                f"{target} has shape {list(info.numpy_shape)}, source {name} has {list(tensor.shape)}",
-                target,
-            )
+        taking.claimed[target] = name
+        if not taking.shape_agrees(target, tensor.shape, name):
+            taking.classification[name] = "shape mismatch"
             continue
+        info = taking.by_name[target]
         transform = arch.transform(target, info.n_elements // info.shape[0])
-        classification[name] = _classify(info.ggml_type.name, tensor.dtype, transform)
-        pairs.append(Pairing(target, name, transform))
+        taking.classification[name] = _classify(info.ggml_type.name, tensor.dtype, transform)
+        taking.pairs.append(Pairing(target, tensor, transform))
     for info in layout.tensors:
-        if info.name not in claimed:
-            block("tensor.unexpected", f"GGUF tensor {info.name!r} has no source tensor", info.name)
-    return Inventory(tuple(pairs), classification, tuple(blockers))
+        if info.name not in taking.claimed:
+            taking.block("tensor.unexpected", f"GGUF tensor {info.name!r} has no source tensor", info.name)
+    return Inventory(tuple(taking.pairs), taking.classification, tuple(taking.blockers))

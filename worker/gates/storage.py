@@ -16,7 +16,7 @@ from worker.blockers import Blocker
 from worker.errors import ReferenceMissingError, SourceError, UnsupportedTypeError
 from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
 from worker.formats.source import SourceModel, open_source
-from worker.gates.architectures import architecture_for
+from worker.gates.architectures import architecture_for, supported
 from worker.gates.inventory import take_inventory
 from worker.gates.metadata_check import check_metadata
 from worker.gates.tensor_values import check_tensor
@@ -60,7 +60,7 @@ def run_storage_gate(
     arch_name = str(layout.metadata.get("general.architecture", ""))
     arch = architecture_for(arch_name, source.config)
     if arch is None:
-        why = f"architecture {arch_name!r} has no name map (supported: bert, llama, qwen2, qwen3)"
+        why = f"architecture {arch_name!r} has no name map (supported: {', '.join(supported())})"
         return _failed(started, [Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)])
     try:
         inventory = take_inventory(arch, layout, source)
@@ -78,8 +78,7 @@ def run_storage_gate(
         progress("storage", done, total)
         info = layout.tensor(pair.gguf_name)
         try:
-            row, tensor_blockers = check_tensor(file_bytes, info, source.tensors[pair.source_name], pair.transform,
-                                                policy)
+            row, tensor_blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy)
         except ReferenceMissingError as exc:
             blockers.append(Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
                                     tensor=info.name))

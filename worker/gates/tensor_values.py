@@ -18,8 +18,7 @@ from worker.blockers import Blocker
 from worker.errors import UnsupportedTypeError
 from worker.formats.ggml_types import UNCHECKED_TYPES
 from worker.formats.gguf_structure import TensorInfo
-from worker.formats.source import SourceTensor
-from worker.gates.architectures import RowTransform
+from worker.gates.architectures import RowTransform, TensorSource
 from worker.policy import Policy
 from worker.quant import libggml, reference
 from worker.report import TensorRow
@@ -174,7 +173,7 @@ def check_kind(info: TensorInfo, policy: Policy) -> str:
     return "bounded"
 
 
-def _compare(raw_rows: np.ndarray, info: TensorInfo, source: SourceTensor, transform: RowTransform | None,
+def _compare(raw_rows: np.ndarray, info: TensorInfo, source: TensorSource, transform: RowTransform | None,
              policy: Policy) -> _Accumulator:
     """Stream the tensor in row chunks (source rows reordered by the transform) into one accumulator."""
     acc = _Accumulator()
@@ -217,7 +216,7 @@ def _judge(acc: _Accumulator, info: TensorInfo, check: str, crosscheck: str | No
 def check_tensor(
     file_bytes: np.ndarray,
     info: TensorInfo,
-    source: SourceTensor,
+    source: TensorSource,
     transform: RowTransform | None,
     policy: Policy,
 ) -> tuple[TensorRow, list[Blocker]]:
