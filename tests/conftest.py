@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.coverage_marks import claims_of
 from worker.engine import LocalInputs, VerifyRequest, verify
 from worker.formats.gguf_structure import read_layout
 from worker.policy import Policy
@@ -29,6 +30,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under dev.py test, which must provide everything: {reason}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--coverage-claims", type=Path, default=None,
+                     help="write the collected tests' coverage marks to this JSON file")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    target = session.config.getoption("--coverage-claims")
+    if target is not None:
+        import json
+
+        claims = [claim.as_json() for item in session.items for claim in claims_of(item)]
+        target.write_text(json.dumps(claims, indent=1))
 
 
 def fixtures_root() -> Path:

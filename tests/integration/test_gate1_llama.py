@@ -12,6 +12,7 @@ from worker.gates.architectures import llama as architectures
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.coverage(arch="llama", types=("F32", "Q8_0", "Q4_K_M"), imatrix=False, proves="GO", gates="1")
 @pytest.mark.parametrize("gguf_type", ["F32", "Q8_0", "Q4_K_M"])
 def test_llama_conversion_is_go_with_permutation_undone(tiny_llama, gguf_type):
     report = run_gate1(tiny_llama / "source", tiny_llama / f"tiny-llama-{gguf_type}.gguf")

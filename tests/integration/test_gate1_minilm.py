@@ -16,6 +16,7 @@ Q_NAME = "blk.0.attn_q.weight"
 Q_SOURCE = "encoder.layer.0.attention.self.query.weight"
 
 
+@pytest.mark.coverage(arch="bert", types=MINILM_TYPES, imatrix=False, proves="GO", gates="1")
 @pytest.mark.parametrize("gguf_type", MINILM_TYPES)
 def test_honest_conversion_is_go(minilm, gguf_type):
     report = run_gate1(minilm / "source", minilm / f"minilm-{gguf_type}.gguf")
@@ -45,6 +46,8 @@ FLOAT_DEFECTS = {
 }
 
 
+@pytest.mark.coverage(arch="bert", types=("F32",), imatrix=False, proves="NO-GO", gates="1",
+                     defect="a transposed square matrix, one weight one ulp off, a norm scaled by 1.001")
 @pytest.mark.parametrize("defect", FLOAT_DEFECTS, ids=list(FLOAT_DEFECTS))
 def test_float_defect_is_no_go_naming_the_tensor(minilm, tmp_path, defect):
     tensor, mutate = FLOAT_DEFECTS[defect]
@@ -62,6 +65,8 @@ def test_one_nan_is_not_finite(minilm, tmp_path):
     assert blocked_tensors(report, "tensor.not_finite") == {Q_NAME}
 
 
+@pytest.mark.coverage(arch="bert", types=("F32",), imatrix=False, proves="NO-GO",
+                      gates="1", defect="two same-shape tensors swapped")
 def test_swapped_same_shape_tensors_are_both_named(minilm, tmp_path):
     src = minilm / "minilm-F32.gguf"
     from worker.formats.gguf_structure import read_layout
@@ -97,6 +102,8 @@ def element_inside_bound_after_plus_one(minilm) -> int:
     return int(block * 34 + 2 + j)
 
 
+@pytest.mark.coverage(arch="bert", types=("Q8_0",), imatrix=False, proves="NO-GO",
+                      gates="1", defect="one Q8_0 code moved by one step")
 def test_q8_0_code_plus_one_is_caught_only_by_reproduction(minilm, tmp_path):
     at = element_inside_bound_after_plus_one(minilm)
     bad = defect_copy(minilm / "minilm-Q8_0.gguf", tmp_path, Q_NAME,
@@ -112,6 +119,7 @@ def test_q8_0_code_plus_one_is_caught_only_by_reproduction(minilm, tmp_path):
     assert bounded.gates["storage"].details["check_kinds"]["Q8_0"] == {"bounded": 37}
 
 
+@pytest.mark.coverage(arch="bert", types=("F32",), imatrix=False, proves="NO-GO", gates="1", defect="a tensor dropped")
 def test_dropped_tensor_is_missing(minilm, tmp_path):
     bad = rewrite(minilm / "minilm-F32.gguf", tmp_path / "dropped.gguf", drop=("blk.3.ffn_up.bias",))
     report = run_gate1(minilm / "source", bad)
@@ -134,6 +142,8 @@ def test_metadata_disagreeing_with_config_is_no_go(minilm, tmp_path, key, value)
     assert any(key in b.why for b in report.blockers)
 
 
+@pytest.mark.coverage(arch="bert", types=("F32",), imatrix=False, proves="NO-GO",
+                      gates="1", defect="a wrong pooling type")
 def test_pooling_type_changed_is_pooling_mismatch(minilm, tmp_path):
     bad = rewrite(minilm / "minilm-F16.gguf", tmp_path / "pool.gguf", set_keys={"bert.pooling_type": 2})
     report = run_gate1(minilm / "source", bad)

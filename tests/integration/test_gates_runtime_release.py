@@ -26,6 +26,7 @@ def runtime(report) -> dict:
     return report.gates["runtime"].details
 
 
+@pytest.mark.coverage(arch="bert", types=("F32", "F16", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
 @pytest.mark.parametrize("gguf_type", ["F32", "F16", "Q8_0"])
 def test_minilm_all_gates_go_on_english(minilm, gguf_type):
     report = run_gates(minilm / "source", minilm / f"minilm-{gguf_type}.gguf", {1, 2, 3}, texts=ENGLISH)
@@ -74,6 +75,7 @@ def test_llama_cpp_add_bos_false_also_drops_the_automatic_eos(minilm):
     assert 101 not in without and 102 not in without
 
 
+@pytest.mark.coverage(arch="qwen3", types=("F32", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
 @pytest.mark.parametrize("gguf_type", ["F32", "Q8_0"])
 def test_qwen3_embedding_fixture_is_go(qwen3, gguf_type):
     report = run_gates(qwen3 / "source", qwen3 / f"tiny-qwen3-{gguf_type}.gguf", {1, 2, 3}, texts=ENGLISH)
@@ -90,6 +92,8 @@ def test_qwen3_nfd_input_diverges_by_normalisation(qwen3):
     assert "NFC" in runtime(report)["tokenizer"]["diagnosis"]
 
 
+@pytest.mark.coverage(arch="qwen3", types=("F32",), imatrix=False, proves="NO-GO",
+                      gates="1,2,3", defect="add_eos flag flipped")
 def test_qwen3_twin_without_add_eos_is_no_go(qwen3, tmp_path):
     twin = rewrite(qwen3 / "tiny-qwen3-F32.gguf", tmp_path / "no-eos.gguf",
                    set_keys={"tokenizer.ggml.add_eos_token": False})
@@ -100,6 +104,8 @@ def test_qwen3_twin_without_add_eos_is_no_go(qwen3, tmp_path):
     assert not [b for b in report.blockers if b.gate == "storage" and b.code != "tokenizer.flag_mismatch"]
 
 
+@pytest.mark.coverage(arch="qwen3", types=("F32",), imatrix=False, proves="NO-GO",
+                      gates="1,2,3", defect="a wrong pooling type")
 def test_qwen3_twin_with_other_pooling_is_no_go(qwen3, tmp_path):
     twin = rewrite(qwen3 / "tiny-qwen3-F32.gguf", tmp_path / "mean.gguf", set_keys={"qwen3.pooling_type": 1})
     report = run_gates(qwen3 / "source", twin, {1, 2, 3}, texts=ENGLISH)
@@ -120,6 +126,8 @@ def test_gguf_flags_are_judged_by_behaviour_bert_always_adds_cls_sep(minilm, tmp
     assert "tokenizer.add_bos_mismatch" not in codes(report)
 
 
+@pytest.mark.coverage(arch="llama", types=("F32",), imatrix=False, proves="NO-GO",
+                      gates="2", defect="add_bos flag flipped")
 def test_spm_twin_without_add_bos_is_no_go(tiny_llama, tmp_path):
     twin = rewrite(tiny_llama / "tiny-llama-F32.gguf", tmp_path / "no-bos.gguf",
                    set_keys={"tokenizer.ggml.add_bos_token": False})
@@ -152,6 +160,8 @@ def test_causal_lm_logits_parity_go(tiny_llama):
     assert report.gates["release"].details["top1_equal_to_gate2"] is True
 
 
+@pytest.mark.coverage(arch="llama", types=("F32",), imatrix=False, proves="NO-GO",
+                      gates="2", defect="output head scrambled")
 def test_causal_lm_with_corrupted_output_head_fails_logits(tiny_llama, tmp_path):
     from tests.conftest import defect_copy
 

@@ -25,7 +25,19 @@ def test_the_editor_round_trips_byte_for_byte(qwen3: Path, tmp_path: Path) -> No
     assert copy.read_bytes() == honest.read_bytes()
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+TWIN_CLAIMS = {"qwen3-embedding": "qwen3", "llama-causal": "llama", "bert-embedding": "bert"}
+
+
+def _twin_case(case: str) -> pytest.ParameterSet:
+    """Each sweep case proves NO-GO on every twin of one fixture (see tests/mutation/twins.py)."""
+    family, _, gguf_type = case.rpartition("-")
+    claim = pytest.mark.coverage(arch=TWIN_CLAIMS[family], types=(gguf_type,), imatrix=False, proves="NO-GO",
+                                 gates="1,2", defect="every sweep twin: key changed/added, one ulp or code, swap, "
+                                                     "drop, duplicate")
+    return pytest.param(case, marks=claim)
+
+
+@pytest.mark.parametrize("case", [_twin_case(case) for case in sorted(CASES)])
 def test_every_twin_is_caught_and_named(case: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     folder, name = CASES[case]
     fixture = {"tiny-qwen3": "qwen3", "tiny-llama": "tiny_llama", "minilm": "minilm"}[folder]

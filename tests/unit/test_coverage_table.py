@@ -1,0 +1,46 @@
+"""The README's coverage table is exactly what the suite's `coverage` marks claim."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from scripts import coverage_table
+from tests.coverage_marks import claims_of
+
+
+def _item(*marks: pytest.MarkDecorator) -> SimpleNamespace:
+    return SimpleNamespace(nodeid="tests/x.py::test_x", iter_markers=lambda name: [m.mark for m in marks])
+
+
+def _claim(arch: str, types: tuple[str, ...], proves: str = "GO", gates: str = "1,2", imatrix: bool = False,
+           defect: str = "") -> dict:
+    return {"arch": arch, "types": list(types), "imatrix": imatrix, "proves": proves, "test": f"t::{arch}{types}",
+            "gates": gates, "defect": defect}
+
+
+def test_readme_table_is_generated_from_the_marks():
+    readme = coverage_table.README.read_text(encoding="utf-8")
+    generated = coverage_table.render(coverage_table.collect_claims())
+    assert coverage_table.current_table(readme) == generated, "run: python scripts/coverage_table.py --write"
+
+
+def test_each_type_is_listed_under_the_widest_gates_that_proved_it():
+    table = coverage_table.render([
+        _claim("llama", ("F16", "Q8_0"), gates="1"), _claim("llama", ("Q8_0",), gates="1,2"),
+        _claim("llama", ("IQ4_XS",), imatrix=True, gates="1"),
+        _claim("llama", ("F16",), proves="NO-GO", defect="one weight changed"),
+    ])
+    row = table.splitlines()[2]
+    assert row == "| llama | Q8_0 (gates 1+2); F16 (gate 1) | IQ4_XS (gate 1) | one weight changed | 4 |"
+
+
+def test_a_mark_without_its_outcome_or_defect_is_refused():
+    good = pytest.mark.coverage(arch="qwen2", types=("F16",), imatrix=False, proves="GO")
+    assert [c.types for c in claims_of(_item(good))] == [("F16",)]
+    for bad in (pytest.mark.coverage(arch="qwen2", types=("F16",)),
+                pytest.mark.coverage(arch="qwen2", types=("F16",), proves="NO-GO"),
+                pytest.mark.coverage(arch="qwen2", proves="GO", typo=1)):
+        with pytest.raises(pytest.UsageError):
+            claims_of(_item(bad))
