@@ -1,9 +1,9 @@
 """The edges' one call: fetch a verification's inputs, then run the pure engine on local files.
 
-A source that cannot be had is `SourceUnavailableError` (no verdict possible); an artifact or
-release file refused or answered definitively (404, digest mismatch, outside the roots) is a NO-GO
-with its blocker; a transient failure raises `TransientFetchError` so the attempt ends without a
-verdict. The report names the artifact by its redacted URI.
+A source that cannot be had is `SourceUnavailableError` (no verdict possible); an artifact, release
+file or importance matrix refused or answered definitively (404, digest mismatch, outside the roots)
+is a NO-GO with its blocker; a transient failure raises `TransientFetchError` so the attempt ends
+without a verdict. The report names the artifact by its redacted URI.
 """
 
 from __future__ import annotations
@@ -30,11 +30,19 @@ class InputUris:
     source: str
     artifact: str
     release_files: tuple[str, ...] = ()
+    imatrix: str | None = None  # the importance matrix the artifact was quantized with
 
 
 def _release_files(uris: InputUris, fetch: FetchPolicy) -> tuple[Path, ...]:
     """Release files are local (`file://`): the same root check as at submission."""
     return tuple(local_file(uri, fetch, must_exist=False) for uri in uris.release_files)
+
+
+def _imatrix(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch: FetchPolicy) -> Path | None:
+    """Fetched like the artifact (same URI policy, digest checked when downloaded)."""
+    if uris.imatrix is None:
+        return None
+    return fetch_artifact(uris.imatrix, request.imatrix_sha256, store, fetch)
 
 
 def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,
@@ -49,5 +57,11 @@ def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fe
         release = _release_files(uris, fetch)
     except FetchError as exc:
         return unfetched(request, policy, Blocker(code=exc.code, gate="input", why=exc.why))
-    inputs = LocalInputs(source=source, artifact=artifact, artifact_uri=redact(uris.artifact), release_files=release)
+    try:
+        imatrix = _imatrix(uris, request, store, fetch)
+    except FetchError as exc:
+        code = "imatrix.sha256_mismatch" if exc.code == "artifact.sha256_mismatch" else "imatrix.unavailable"
+        return unfetched(request, policy, Blocker(code=code, gate="input", why=f"importance matrix: {exc.why}"))
+    inputs = LocalInputs(source=source, artifact=artifact, artifact_uri=redact(uris.artifact), release_files=release,
+                         imatrix=imatrix, imatrix_uri=redact(uris.imatrix) if uris.imatrix else None)
     return verify(request, inputs, policy, progress)

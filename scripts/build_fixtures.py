@@ -281,7 +281,16 @@ def build_tools(cache: Path) -> None:
     produce(out / "helm", unpack)
 
 
+from fixtures_decoders import build_decoders  # noqa: E402
+from fixtures_encoders import BUILDERS as ENCODER_BUILDERS  # noqa: E402
+from fixtures_imatrix import build_imatrix  # noqa: E402
+from fixtures_modernbert import BUILDERS as MODERNBERT_BUILDERS  # noqa: E402
+
 BUILDERS: dict[str, Callable[[Path], None]] = {
+    "imatrix": build_imatrix,
+    "decoders": build_decoders,
+    **ENCODER_BUILDERS,
+    **MODERNBERT_BUILDERS,
     "tools": build_tools,
     "minilm": build_minilm, "smollm2": build_smollm, "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
 }

@@ -40,6 +40,11 @@ STUDY = {
                                                                           "Q5_K_M", "Q4_0", "Q4_K_M", "Q3_K_M",
                                                                           "Q2_K")),
 }
+# One-per-architecture fixtures (scripts/fixtures_decoders.py, fixtures_encoders.py): llama.cpp's own F16
+# conversion and its Q8_0 quantization, measured as built. Rerankers have their own thresholds
+# (worker/rerank_thresholds.py).
+ARCHITECTURE_FIXTURES = ("arch-llama", "arch-mistral", "arch-qwen2", "arch-qwen3moe", "arch-gemma2", "arch-gemma3",
+                         "arch-phi3", "arch-xlm-roberta")
 PERMISSIVE = RuntimeThresholds(min_cosine=-1, max_logits_nmse=1e9, max_kl_mean=1e9, max_kl_p99=1e9,
                                min_top1_agreement=0)
 
@@ -75,17 +80,26 @@ def main() -> None:
     parser.add_argument("--fixtures", type=Path, default=ROOT / ".fixtures")
     parser.add_argument("--texts", type=Path, default=ROOT / "examples" / "english.txt")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--architectures-only", action="store_true",
+                        help="measure only the one-per-architecture fixtures (no extra quantizations)")
     args = parser.parse_args()
     if args.build_only:
         for name, (source_dir, base_file, kinds) in STUDY.items():
             for kind in kinds:
                 variant(args.fixtures, name, args.fixtures / base_file, args.fixtures / source_dir, kind)
         return
-    # Quantizing in a process that has run llama.cpp inference crashes libllama: build first, apart.
-    subprocess.check_call([sys.executable, __file__, "--fixtures", str(args.fixtures), "--build-only"])
     texts = tuple(line for line in args.texts.read_text(encoding="utf-8").splitlines() if line.strip())
     rows = []
-    for name, (source_dir, base_file, kinds) in STUDY.items():
+    for folder in ARCHITECTURE_FIXTURES:
+        for kind in ("F16", "Q8_0"):
+            artifact = args.fixtures / folder / f"{kind}.gguf"
+            values = measure(args.fixtures / folder / "source", artifact, texts)
+            rows.append({"fixture": f"{folder}-{kind}", "precision": precision_class(read_layout(artifact)), **values})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    if not args.architectures_only:
+        # Quantizing in a process that has run llama.cpp inference crashes libllama: build first, apart.
+        subprocess.check_call([sys.executable, __file__, "--fixtures", str(args.fixtures), "--build-only"])
+    for name, (source_dir, base_file, kinds) in ({} if args.architectures_only else STUDY).items():
         source, base = args.fixtures / source_dir, args.fixtures / base_file
         for kind in ("F32", *kinds):
             artifact = base if kind == "F32" else variant(args.fixtures, name, base, source, kind)

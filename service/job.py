@@ -94,6 +94,7 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
     return VerifyRequest(
         expected_sha256=stored["artifact_sha256"], gates=frozenset(stored.get("gates") or (1, 2, 3)),
         texts=tuple(stored["texts"]) if stored.get("texts") else None, kind=stored.get("kind", "auto"),
+        imatrix_sha256=stored.get("imatrix_sha256"),
     )
 
 

@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from worker.policy import Policy
 
@@ -53,6 +53,15 @@ class SubmitRequest(BaseModel):
         "of UTF-8 in all")
     release_files: list[UriText] = Field(default_factory=list, max_length=100,
                                          description="other files of the release package (file:// URIs)")
+    imatrix_uri: UriText | None = Field(None, description="the importance matrix the artifact was quantized with "
+                                        "(llama.cpp GGUF or legacy .dat), fetched like the artifact")
+    imatrix_sha256: str | None = Field(None, pattern=SHA256, description="its expected sha256 (with imatrix_uri)")
+
+    @model_validator(mode="after")
+    def _imatrix_with_digest(self) -> SubmitRequest:
+        if (self.imatrix_uri is None) != (self.imatrix_sha256 is None):
+            raise ValueError("imatrix_uri and imatrix_sha256 go together")
+        return self
 
     @field_validator("texts")
     @classmethod

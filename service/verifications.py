@@ -53,13 +53,16 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
     try:
         checker.check(body.source_uri, directory=True)
         checker.check(body.artifact_uri)
+        if body.imatrix_uri is not None:
+            checker.check(body.imatrix_uri)
         for uri in body.release_files:
             if not uri.startswith("file://"):
                 raise UriRefusedError("release files are file:// URIs")
             checker.check(uri)
     except UriRefusedError as exc:
         raise SubmissionError(redact(str(exc))) from exc
-    request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={"policy"}))
+    unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
+    request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={"policy", *unset}))
     request_sha256 = hashlib.sha256(json.dumps(
         {"request": public_request(request), "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
     if idempotency_key is not None:

@@ -75,8 +75,48 @@ def tiny_llama() -> Path:
 
 
 @pytest.fixture(scope="session")
+def imatrix_fixture() -> Path:
+    """imatrix-{english,numbers}.{gguf,dat} and tiny-llama-<Q4_K_M|IQ4_XS|IQ2_XXS>-imat.gguf quantized
+    with the english one (scripts/fixtures_imatrix.py); the source is tiny-llama's."""
+    return built("imatrix", "tiny-llama-IQ2_XXS-imat.gguf")
+
+
+@pytest.fixture(scope="session")
 def qwen3() -> Path:
     return built("tiny-qwen3", "tiny-qwen3-Q8_0.gguf")
+
+
+DECODERS = ("llama", "mistral", "qwen2", "qwen3moe", "gemma2", "gemma3", "phi3")
+
+
+@pytest.fixture(scope="session")
+def decoders() -> dict[str, Path]:
+    """arch -> .fixtures/arch-<arch>/ holding source/, F16.gguf and Q8_0.gguf (scripts/fixtures_decoders.py)."""
+    return {arch: built(f"arch-{arch}", "Q8_0.gguf") for arch in DECODERS}
+
+
+@pytest.fixture(scope="session")
+def xlm_roberta() -> Path:
+    """source/ (a tiny XLMRobertaModel, CLS pooling), F16.gguf and Q8_0.gguf (scripts/fixtures_encoders.py)."""
+    return built("arch-xlm-roberta", "Q8_0.gguf")
+
+
+@pytest.fixture(scope="session")
+def xlm_roberta_spm() -> Path:
+    """arch-xlm-roberta's source plus a sentencepiece.bpe.model (the converter's SentencePiece path), F16.gguf."""
+    return built("arch-xlm-roberta-spm", "F16.gguf")
+
+
+@pytest.fixture(scope="session")
+def bge_reranker() -> Path:
+    """source/ (a tiny XLMRobertaForSequenceClassification, one label), F16.gguf and Q8_0.gguf."""
+    return built("arch-bge-reranker", "Q8_0.gguf")
+
+
+@pytest.fixture(scope="session")
+def modernbert() -> Path:
+    """source/ (a tiny ModernBertModel, mean pooling), F16.gguf and Q8_0.gguf (scripts/fixtures_modernbert.py)."""
+    return built("arch-modernbert", "Q8_0.gguf")
 
 
 def run_gates(source: Path, artifact: Path, gates: set[int], policy: Policy | None = None, **extra) -> Report:

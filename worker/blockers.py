@@ -48,6 +48,7 @@ BLOCKER_CODES: dict[str, str] = {
     "source.bad_safetensors": "a safetensors header is malformed or inconsistent with the file",
     "source.duplicate_tensor": "a tensor name appears twice in safetensors headers or across shards",
     "source.index_mismatch": "model.safetensors.index.json disagrees with the shard headers",
+    "source.unsupported_architecture": "transformers cannot build the source's architecture: gate 2 has no reference",
     "source.packed_mismatch": "packed low-bit metadata (bits, group size) disagrees with the stored bytes",
     # --- gate 1: inventory and values ---
     "tensor.missing": "a source tensor that must be in the GGUF is not there",
@@ -57,6 +58,8 @@ BLOCKER_CODES: dict[str, str] = {
     "tensor.not_finite": "a tensor holds NaN or infinity where the source does not",
     "tensor.type_unsupported": "no independent check exists for this tensor type, so it cannot be verified",
     "tensor.reproduction_mismatch": "re-quantizing the source does not give the stored bytes",
+    "tensor.not_reproduced": "not a defect: the tensor cannot be reproduced without its importance matrix",
+    "tensor.other_quantizer": "not a defect: a type differs systematically, as another quantizer would",
     "metadata.mismatch": "GGUF architecture metadata disagrees with config.json or with the tensors present",
     "metadata.missing": "a required GGUF metadata key is absent",
     "metadata.wrong_type": "a GGUF metadata value has a type llama.cpp does not accept for its key",
@@ -76,6 +79,10 @@ BLOCKER_CODES: dict[str, str] = {
     "logits.kl_above_threshold": "KL divergence from the reference exceeds the policy maximum",
     "logits.top1_below_threshold": "top-1 token agreement with the reference is below the policy minimum",
     "logits.not_finite": "llama.cpp returned non-finite logits",
+    "rerank.pair_mismatch": "llama.cpp builds a (query, document) pair from other tokens than the HF template",
+    "rerank.score_above_threshold": "a pair's relevance score differs from the reference beyond the policy maximum",
+    "rerank.order_mismatch": "llama.cpp orders a query's documents differently from the reference",
+    "rerank.not_finite": "llama.cpp returned a non-finite relevance score",
     "runtime.load_failed": "llama.cpp could not load the GGUF",
     "runtime.unknown_model_kind": "neither an embedding model (pooling config) nor a causal LM",
     # --- gate 3: the released file ---
@@ -84,6 +91,8 @@ BLOCKER_CODES: dict[str, str] = {
     "release.not_finite": "the released file produced non-finite outputs",
     "release.zero_norm": "the released file produced an all-zero embedding",
     "release.top1_changed": "the released file's top-1 results differ from those measured in gate 2",
+    "release.score_changed": "the released file's relevance scores differ from those measured in gate 2",
+    "release.order_changed": "the released file orders a query's documents differently from gate 2",
     "release.missing_file": "a file of the release package cannot be read",
     # --- verifier self-checks ---
     "verifier.reader_disagreement": "gguf-py and libggml dequantize the same block differently",
@@ -95,6 +104,11 @@ BLOCKER_CODES: dict[str, str] = {
     "artifact.sha256_mismatch": "the artifact's sha256 differs from the expected digest",
     "artifact.unreadable": "the artifact could not be fetched or opened",
     "artifact.fetch_failed": "the URI could not be fetched (unreachable, refused, too large or bad redirect)",
+    # --- the importance matrix (--imatrix / imatrix_uri) ---
+    "imatrix.malformed": "the importance matrix is not a well-formed llama.cpp imatrix (GGUF or legacy .dat)",
+    "imatrix.entry_mismatch": "an imatrix entry's length does not fit its tensor: llama-quantize cannot have used it",
+    "imatrix.sha256_mismatch": "the importance matrix's sha256 differs from the expected digest",
+    "imatrix.unavailable": "the importance matrix could not be fetched or opened",
 }
 
 

@@ -134,19 +134,24 @@ def verify_command(
     texts: Annotated[Path | None, typer.Option(help="UTF-8 text file, one text per line")] = None,
     report: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
     gates: Annotated[str, typer.Option(help="gates to run, e.g. 1 or 1,2,3")] = "1,2,3",
-    kind: Annotated[str, typer.Option(help="auto, embedding or causal-lm")] = "auto",
+    kind: Annotated[str, typer.Option(help="auto, embedding, causal-lm or reranker")] = "auto",
     release: Annotated[list[Path] | None, typer.Option(help="another file of the release package")] = None,
+    imatrix: Annotated[str | None, typer.Option(
+        help="the importance matrix the artifact was quantized with (llama.cpp GGUF or .dat; path or URI)")] = None,
+    imatrix_sha256: Annotated[str | None, typer.Option(help="expected sha256 of the importance matrix")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="content-addressed download cache")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the JSON report instead of the summary")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="print the traceback of an internal error (exit 3)")] = False,
 ) -> None:
     """Run the verification gates on one conversion and print a verdict."""
     try:
-        if kind not in ("auto", "embedding", "causal-lm"):
-            raise UsageError(f"--kind must be auto, embedding or causal-lm, not {kind!r}")
+        if kind not in ("auto", "embedding", "causal-lm", "reranker"):
+            raise UsageError(f"--kind must be auto, embedding, causal-lm or reranker, not {kind!r}")
         uris = InputUris(source=_check_local(source, "source"), artifact=_check_local(artifact, "artifact"),
-                         release_files=tuple(path.resolve().as_uri() for path in release or ()))
-        request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts), kind=kind)
+                         release_files=tuple(path.resolve().as_uri() for path in release or ()),
+                         imatrix=_check_local(imatrix, "imatrix") if imatrix is not None else None)
+        request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts), kind=kind,
+                                imatrix_sha256=imatrix_sha256)
         chosen_policy = load_policy(policy)
         store = ContentStore(cache_dir or default_cache())
         install_log_redaction()

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from worker.acceptance import accept_unreproduced
 from worker.blockers import Blocker
-from worker.digests import digest_tree, sha256_file
+from worker.digests import digest_file, digest_tree, sha256_file
 from worker.errors import ConvgateError
 from worker.gates.release import run_release_gate
 from worker.gates.runtime import RuntimeMeasurements, model_kind, run_runtime_gate
 from worker.gates.storage import open_source_or_blocker, run_storage_gate, validate_structure
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
+from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
 from worker.report import FileDigest, GateResult, Report
 from worker.runtime.sentence_config import sentence_config
 
@@ -30,8 +32,11 @@ GATE_NAMES = {1: "storage", 2: "runtime", 3: "release"}
 ALWAYS_NOT_VERIFIED = (
     "retrieval quality against ground truth (only agreement with the reference model is measured)",
     "behaviour on inputs outside the verified text set",
-    "quantized tensors written with an importance matrix cannot be reproduced and are reported as mismatches",
+    "quantized tensors the verifier cannot reproduce (no importance matrix given, or another quantizer) are "
+    "NO-GO (tensor.not_reproduced / tensor.other_quantizer) unless the policy lets a passing gate 2 vouch for them",
 )
+IMATRIX_TAKEN_AS_GIVEN = ("the importance matrix is taken as given: whether it was computed from this source model "
+                          "over the texts it names is not verified")
 ENVIRONMENT_PACKAGES = ("convgate", "gguf", "numpy", "llama-cpp-python", "transformers", "torch", "tokenizers")
 
 
@@ -47,6 +52,7 @@ class VerifyRequest:
     gates: frozenset[int] = frozenset({1, 2, 3})
     texts: tuple[str, ...] | None = None
     kind: str = "auto"
+    imatrix_sha256: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +63,8 @@ class LocalInputs:
     artifact: Path
     artifact_uri: str | None = None  # default: the artifact's file:// URI
     release_files: tuple[Path, ...] = ()
+    imatrix: Path | None = None  # the importance matrix the artifact was quantized with, if any
+    imatrix_uri: str | None = None  # default: the imatrix's file:// URI
 
     @property
     def artifact_name(self) -> str:
@@ -86,6 +94,7 @@ class _Run:
         self.not_verified = [f"gate {g} ({GATE_NAMES[g]}) was not requested" for g in (1, 2, 3)
                              if g not in request.gates]
         self.artifact: FileDigest | None = None
+        self.imatrix: FileDigest | None = None
 
     def stop_all(self, blocker: Blocker, why: str) -> None:
         self.blockers.append(blocker)
@@ -99,6 +108,8 @@ class _Run:
 
     def report(self, policy: Policy) -> Report:
         self.timings["total"] = time.perf_counter() - self.started
+        self.blockers, accepted = accept_unreproduced(self.blockers, self.gates, policy)
+        self.not_verified.extend(accepted)
         return Report(
             verdict="NO-GO" if self.blockers or not self.gates else "GO",
             blockers=self.blockers, gates=self.gates,
@@ -113,6 +124,27 @@ def unfetched(request: VerifyRequest, policy: Policy, blocker: Blocker) -> Repor
     run = _Run(request)
     run.stop_all(blocker, "artifact not fetched")
     return run.report(policy)
+
+
+def _load_imatrix(run: _Run, request: VerifyRequest, inputs: LocalInputs) -> ImportanceMatrix | Blocker | None:
+    """Digest first (recorded in `files`, so a refused matrix is named too), then the expected digest, and
+    only then our bounded reader."""
+    if inputs.imatrix is None:
+        return None
+    if not inputs.imatrix.is_file():
+        return Blocker(code="imatrix.unavailable", gate="input", why=f"{inputs.imatrix} is not a readable file")
+    run.imatrix = digest_file(inputs.imatrix, inputs.imatrix_uri)
+    run.files.append(run.imatrix)
+    expected = request.imatrix_sha256
+    if expected is not None and expected.lower() != run.imatrix.sha256:
+        return Blocker(code="imatrix.sha256_mismatch", gate="input",
+                       why=f"importance matrix sha256 is {run.imatrix.sha256}, expected {expected}; not used")
+    try:
+        matrix = read_imatrix(inputs.imatrix)
+    except ImatrixError as exc:
+        return Blocker(code=exc.code, gate="input", why=exc.why)
+    run.not_verified.append(IMATRIX_TAKEN_AS_GIVEN)
+    return matrix
 
 
 def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress = no_progress) -> Report:
@@ -133,6 +165,10 @@ def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress
                              why=f"artifact sha256 is {sha}, expected {request.expected_sha256}; not used"),
                      "artifact digest mismatch")
         return run.report(policy)
+    imatrix = _load_imatrix(run, request, inputs)
+    if isinstance(imatrix, Blocker):
+        run.stop_all(imatrix, "the importance matrix was refused")
+        return run.report(policy)
     layout = validate_structure(artifact)
     if isinstance(layout, Blocker):
         run.stop_all(layout, "the artifact is not a well-formed GGUF")
@@ -142,7 +178,8 @@ def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress
         run.stop_all(source, "the source model was refused")
         return run.report(policy)
     if 1 in request.gates:
-        storage, blockers = run_storage_gate(artifact, layout, source, policy, progress)
+        storage, blockers = run_storage_gate(artifact, layout, source, policy, progress, imatrix=imatrix,
+                                             imatrix_file=run.imatrix)
         run.record(storage, blockers)
         run.not_verified.extend(storage.details.get("metadata_not_verified", []))
     measured: RuntimeMeasurements | None = None

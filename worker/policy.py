@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker.errors import UsageError
 from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
+from worker.rerank_thresholds import DEFAULT_RERANK_THRESHOLDS, RerankThresholds
 from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS, RuntimeThresholds
 
 
@@ -24,7 +26,7 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: str = "2026.11-2"
+    version: str = "2026.11-3"
     # gate 1
     reproduce_quantized: bool = Field(
         True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
@@ -32,6 +34,18 @@ class Policy(BaseModel):
     tie_ulps: int = Field(4, ge=0, le=16, description="max ulps a source value may sit from a rounding tie")
     reader_crosscheck_rows: int = Field(
         4, ge=2, le=64, description="rows per tensor dequantized by both readers"
+    )
+    # Quants that do not reproduce for a non-defect reason (see worker/acceptance.py). "no-go" keeps
+    # them NO-GO; "gate2" lets gate 2's logits/embedding measurements vouch for them, and only when
+    # gate 2 ran and passed and nothing else blocks (the per-type bounds and both readers included).
+    without_imatrix: Literal["no-go", "gate2"] = Field(
+        "no-go", description="imatrix quants given without their imatrix: NO-GO, or GO on a passing gate 2"
+    )
+    other_quantizer: Literal["no-go", "gate2"] = Field(
+        "no-go", description="systematic difference from our quantizer build: NO-GO, or GO on a passing gate 2"
+    )
+    systematic_fraction: float = Field(
+        0.5, ge=0.5, le=1.0, description="share of a tensor's blocks that must differ for it to count as systematic"
     )
     # gate 2: tokenizer and embeddings
     token_ids_exact: bool = True
@@ -42,10 +56,12 @@ class Policy(BaseModel):
     max_logit_positions: int = Field(256, ge=1, description="positions per text compared for logits")
     # gate 2: thresholds per precision class of the artifact (see worker/thresholds.py)
     runtime: dict[PrecisionClass, RuntimeThresholds] = Field(default_factory=lambda: dict(DEFAULT_RUNTIME_THRESHOLDS))
+    # gate 2 for rerankers: relevance-score thresholds per precision class (see worker/rerank_thresholds.py)
+    rerank: dict[PrecisionClass, RerankThresholds] = Field(default_factory=lambda: dict(DEFAULT_RERANK_THRESHOLDS))
 
-    @field_validator("runtime")
+    @field_validator("runtime", "rerank")
     @classmethod
-    def _every_class(cls, value: dict[PrecisionClass, RuntimeThresholds]) -> dict[PrecisionClass, RuntimeThresholds]:
+    def _every_class(cls, value: dict[PrecisionClass, Any]) -> dict[PrecisionClass, Any]:
         missing = [name for name in PRECISION_CLASSES if name not in value]
         if missing:
             raise ValueError(f"runtime thresholds missing for precision classes {missing}")

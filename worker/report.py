@@ -34,6 +34,8 @@ class TensorRow(BaseModel):
     bound: str | None = None
     bound_violations: int | None = None
     reader_crosscheck: Literal["agree", "disagree"] | None = None
+    blocks: int | None = None  # quantized: blocks compared (`mismatched` counts blocks then)
+    not_reproduced: str | None = None  # why a tensor the policy wanted reproduced could not be
     result: Literal["ok", "fail"]
 
 

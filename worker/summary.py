@@ -23,6 +23,9 @@ def _storage_lines(details: dict) -> list[str]:
         ties = sum(row.get("ties_forgiven", 0) for row in details.get("tensors", []))
         if ties:
             lines.append(f"    rounding ties forgiven: {ties} blocks")
+    if imatrix := details.get("imatrix"):
+        lines.append(f"    importance matrix ({imatrix['format']}, sha256 {imatrix['sha256'][:16]}…): "
+                     f"{imatrix['tensors_weighted']} tensors re-quantized with its weights")
     metadata = details.get("metadata", [])
     if metadata:
         agree = sum(1 for check in metadata if check["result"] == "ok")

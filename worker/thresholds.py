@@ -88,6 +88,24 @@ MEASURED: tuple[Honest, ...] = (
     Honest('tiny-llama-Q4_K_M', '4bit', nmse=0.0241, kl_mean=0.00123, kl_p99=0.00163, top1=0.615),
     Honest('tiny-llama-Q3_K_M', 'lower', nmse=0.0444, kl_mean=0.00227, kl_p99=0.00326, top1=0.558),
     Honest('tiny-llama-Q2_K', 'lower', nmse=0.225, kl_mean=0.0115, kl_p99=0.0181, top1=0.231),
+    # One-per-architecture fixtures (llama.cpp's F16 conversion and its Q8_0), measured on 2026-11-30 with
+    # `scripts/measure_thresholds.py --architectures-only`; random weights again, so top-1 is the noisy figure.
+    Honest('arch-llama-F16', 'float', nmse=2.96e-07, kl_mean=3.86e-09, kl_p99=7.78e-09, top1=1),
+    Honest('arch-llama-Q8_0', '8bit', nmse=0.000151, kl_mean=1.97e-06, kl_p99=3.2e-06, top1=1),
+    Honest('arch-mistral-F16', 'float', nmse=4.16e-07, kl_mean=1.08e-08, kl_p99=1.61e-08, top1=1),
+    Honest('arch-mistral-Q8_0', '8bit', nmse=0.000258, kl_mean=6.71e-06, kl_p99=1.05e-05, top1=1),
+    Honest('arch-qwen2-F16', 'float', nmse=2.97e-07, kl_mean=3.96e-09, kl_p99=6.88e-09, top1=1),
+    Honest('arch-qwen2-Q8_0', '8bit', nmse=0.000162, kl_mean=2.16e-06, kl_p99=3.9e-06, top1=1),
+    Honest('arch-qwen3moe-F16', 'float', nmse=4.44e-05, kl_mean=5.69e-07, kl_p99=1.39e-05, top1=1),
+    Honest('arch-qwen3moe-Q8_0', '8bit', nmse=0.000308, kl_mean=3.95e-06, kl_p99=2.32e-05, top1=1),
+    Honest('arch-gemma2-F16', 'float', nmse=9.39e-07, kl_mean=1.2e-08, kl_p99=2.49e-08, top1=1),
+    Honest('arch-gemma2-Q8_0', '8bit', nmse=0.000448, kl_mean=5.74e-06, kl_p99=1.18e-05, top1=0.943),
+    Honest('arch-gemma3-F16', 'float', nmse=1.42e-06, kl_mean=1.81e-08, kl_p99=3.82e-08, top1=1),
+    Honest('arch-gemma3-Q8_0', '8bit', nmse=0.000787, kl_mean=1e-05, kl_p99=1.73e-05, top1=0.943),
+    Honest('arch-phi3-F16', 'float', nmse=3.19e-07, kl_mean=4.05e-09, kl_p99=8.18e-09, top1=1),
+    Honest('arch-phi3-Q8_0', '8bit', nmse=0.000189, kl_mean=2.4e-06, kl_p99=4.73e-06, top1=0.942),
+    Honest('arch-xlm-roberta-F16', 'float', min_cosine=1),
+    Honest('arch-xlm-roberta-Q8_0', '8bit', min_cosine=1),
 )
 
 

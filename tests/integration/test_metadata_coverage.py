@@ -22,26 +22,43 @@ from worker.gates.metadata_keys import DESCRIPTIVE
 
 pytestmark = pytest.mark.slow
 
+# name -> (session fixture, or "fixture:member" of a dict fixture; the converted file in it). The first three
+# are named by their GGUF architecture for the tests below that edit one key of them.
 FIXTURES = {
     "bert": ("minilm", "minilm-F16.gguf"),
     "llama": ("tiny_llama", "tiny-llama-F32.gguf"),
     "qwen3": ("qwen3", "tiny-qwen3-F32.gguf"),
+    **{f"arch-{name}": (f"decoders:{name}", "F16.gguf")
+       for name in ("llama", "mistral", "qwen2", "qwen3moe", "gemma2", "gemma3", "phi3")},
+    "arch-xlm-roberta": ("xlm_roberta", "F16.gguf"),
+    "arch-bge-reranker": ("bge_reranker", "F16.gguf"),
+    "arch-xlm-roberta-spm": ("xlm_roberta_spm", "F16.gguf"),
 }
 
 
-def _outcome(request: pytest.FixtureRequest, arch: str, metadata_edit=None):
-    fixture, name = FIXTURES[arch]
+def _converted(request: pytest.FixtureRequest, name: str) -> tuple[Path, Path]:
+    """(fixture folder, converted file) of one FIXTURES entry."""
+    fixture, file = FIXTURES[name]
+    fixture, _, member = fixture.partition(":")
     root = request.getfixturevalue(fixture)
-    layout = read_layout(root / name)
+    root = Path(root[member] if member else root)
+    return root, root / file
+
+
+def _outcome(request: pytest.FixtureRequest, name: str, metadata_edit=None):
+    root, converted = _converted(request, name)
+    layout = read_layout(converted)
     if metadata_edit is not None:
         layout = dataclasses.replace(layout, metadata=metadata_edit(dict(layout.metadata)))
     source = open_source(root / "source")
+    arch = read_layout(converted).metadata["general.architecture"]
     return layout, check_metadata(architecture_for(arch, source.config), layout, source)
 
 
-@pytest.mark.parametrize("arch", sorted(FIXTURES))
-def test_every_key_the_converter_wrote_is_compared_or_named(arch: str, request: pytest.FixtureRequest) -> None:
-    layout, outcome = _outcome(request, arch)
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_every_key_the_converter_wrote_is_compared_or_named(name: str, request: pytest.FixtureRequest) -> None:
+    layout, outcome = _outcome(request, name)
+    arch = layout.metadata["general.architecture"]
     assert outcome.blockers == []
     named = " ".join(outcome.not_verified)
     unaccounted = [key for key in layout.metadata
@@ -64,13 +81,13 @@ def _loader_keys(arch: str) -> set[str]:
     return {key for key in keys if not DESCRIPTIVE.fullmatch(key) and key != "general.alignment"}
 
 
-@pytest.mark.parametrize("arch", sorted(FIXTURES))
-def test_no_loader_key_can_be_planted_silently(arch: str, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_no_loader_key_can_be_planted_silently(name: str, request: pytest.FixtureRequest) -> None:
     """Each key of the loader's table, set to a value the honest file does not hold, is a blocker or named.
 
     All keys are planted into one copy: each key's verdict is its own (a blocker or a not_verified line
     naming it), so one run answers for every key."""
-    universe = _loader_keys(arch)
+    universe = _loader_keys(read_layout(_converted(request, name)[1]).metadata["general.architecture"])
     assert len(universe) > 150
 
     def plant(metadata):
@@ -82,7 +99,7 @@ def test_no_loader_key_can_be_planted_silently(arch: str, request: pytest.Fixtur
                 metadata[key] = current + 7 if isinstance(current, int) else 12345
         return metadata
 
-    _, outcome = _outcome(request, arch, plant)
+    _, outcome = _outcome(request, name, plant)
     named = " ".join(outcome.not_verified)
     blocked = {b.key for b in outcome.blockers}
     silent = sorted(key for key in universe if key not in blocked and key not in named)
@@ -156,5 +173,5 @@ def test_the_flag_must_add_the_template_token(request: pytest.FixtureRequest) ->
 
 
 def test_fixture_paths_exist(request: pytest.FixtureRequest) -> None:
-    for fixture, name in FIXTURES.values():
-        assert (Path(request.getfixturevalue(fixture)) / name).is_file()
+    for name in FIXTURES:
+        assert _converted(request, name)[1].is_file()

@@ -59,3 +59,60 @@ def test_dimension_disagreeing_with_metadata(release_inputs):
 
 def test_missing_package_file(release_inputs, tmp_path):
     assert release(release_inputs, package=(tmp_path / "absent.md",))[1] == {"release.missing_file"}
+
+
+@pytest.fixture(scope="module")
+def reranker_gate2(bge_reranker):
+    """Gate 2 run on the honest F16 reranker: what gate 3 must find again in the released bytes."""
+    from tests.conftest import run_gates
+    from worker.runtime.sentence_config import sentence_config as config_of
+
+    source = open_source(bge_reranker / "source")
+    return run_gates(bge_reranker / "source", bge_reranker / "F16.gguf", {2}), config_of(source)
+
+
+def release_reranker(bge_reranker, reranker_gate2, measured, artifact_type="F16", sha=None):
+    artifact = bge_reranker / f"{artifact_type}.gguf"
+    _, sentence = reranker_gate2
+    result, blockers, _ = run_release_gate(artifact, artifact.as_uri(), sha or sha_of(artifact), read_layout(artifact),
+                                           sentence, measured, "reranker")
+    return result, {b.code for b in blockers}
+
+
+def sha_of(path):
+    return sha256_file(path)
+
+
+def gate2_measured(reranker_gate2):
+    report, _ = reranker_gate2
+    relevance = report.gates["runtime"].details["relevance"]
+    orders = tuple(tuple(q["candidate_order"]) for q in relevance["per_query"])
+    scores = tuple(tuple(p["candidate"] for p in relevance["per_pair"] if p["query"] == q["query"])
+                   for q in relevance["per_query"])
+    return RuntimeMeasurements("reranker", 512, rerank_orders=orders, rerank_scores=scores)
+
+
+def test_reranker_release_rescored_like_gate2_passes(bge_reranker, reranker_gate2):
+    result, found = release_reranker(bge_reranker, reranker_gate2, gate2_measured(reranker_gate2))
+    assert found == set() and result.status == "passed"
+    assert result.details["max_abs_diff_from_gate2"] <= result.details["tolerance"]
+
+
+def test_reranker_release_changed_after_measurement(bge_reranker, reranker_gate2):
+    assert release_reranker(bge_reranker, reranker_gate2, gate2_measured(reranker_gate2), sha="0" * 64)[1] == \
+        {"release.file_changed"}
+
+
+def test_reranker_release_of_another_file_than_measured(bge_reranker, reranker_gate2):
+    """Gate 2 measured the F16; the Q8_0 (self-consistent digest) is released: its scores are not those measured."""
+    result, found = release_reranker(bge_reranker, reranker_gate2, gate2_measured(reranker_gate2), "Q8_0")
+    assert "release.score_changed" in found and result.status == "failed"
+    assert result.details["max_abs_diff_from_gate2"] > result.details["tolerance"]
+
+
+def test_reranker_release_order_different_from_gate2(bge_reranker, reranker_gate2):
+    measured = gate2_measured(reranker_gate2)
+    reversed_orders = tuple(tuple(reversed(order)) for order in measured.rerank_orders)
+    found = release_reranker(bge_reranker, reranker_gate2,
+                             dataclasses.replace(measured, rerank_orders=reversed_orders, rerank_scores=()))[1]
+    assert found == {"release.order_changed"}

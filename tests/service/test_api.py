@@ -126,11 +126,26 @@ def test_submission_returns_202_location_and_fixes_the_policy(api):
      ({"artifact_uri": "ftp://h/x"}, 422), ({"source_uri": "https://example.com/model"}, 422),
      ({"artifact_uri": "hf://org/m@main/x.gguf"}, 422), ({"gates": [4]}, 422), ({"extra": 1}, 422),
      ({"texts": ["a"] * 1001}, 422), ({"texts": ["x" * 8193]}, 422), ({"texts": ["é" * 4000] * 80}, 422),
-     ({"texts": [""]}, 422), ({"texts": ["a\x00b"]}, 422), ({"source_uri": "file:///models/m\x00"}, 422)],
+     ({"texts": [""]}, 422), ({"texts": ["a\x00b"]}, 422), ({"source_uri": "file:///models/m\x00"}, 422),
+     ({"imatrix_uri": "file:///models/m.dat"}, 422), ({"imatrix_sha256": "a" * 64}, 422),
+     ({"imatrix_uri": "file:///models/m.dat", "imatrix_sha256": "xyz"}, 422),
+     ({"imatrix_uri": "ftp://h/m.dat", "imatrix_sha256": "a" * 64}, 422),
+     ({"imatrix_uri": "file:///elsewhere/m.dat", "imatrix_sha256": "a" * 64}, 422)],
 )
 def test_invalid_submissions(api, overrides, status):
     response = submit(api, **overrides)
     assert response.status_code == status, response.text
+
+
+def test_an_importance_matrix_is_submitted_with_its_digest_and_stored_for_the_worker(api):
+    response = submit(api, imatrix_uri="file:///models/imatrix.gguf", imatrix_sha256="a" * 64)
+    assert response.status_code == 202, response.text
+    with transaction(api.app_state.session_factory) as session:
+        stored = repository.get_verification(session, response.json()["id"]).request
+    assert (stored["imatrix_uri"], stored["imatrix_sha256"]) == ("file:///models/imatrix.gguf", "a" * 64)
+    plain = submit(api, key="no-imatrix")
+    with transaction(api.app_state.session_factory) as session:
+        assert "imatrix_uri" not in repository.get_verification(session, plain.json()["id"]).request
 
 
 def test_an_unpaired_surrogate_is_a_422_not_a_500(api):

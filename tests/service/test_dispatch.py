@@ -156,3 +156,21 @@ def test_concurrency_limit_is_respected(sqlite_harness, minilm_request):
     states = {harness.state(first).state, harness.state(second).state}
     assert states in ({State.DISPATCHED, State.QUEUED}, {State.RUNNING, State.QUEUED})
     harness.tick_until(lambda: {harness.state(v).state for v in (first, second)} == {State.COMPLETED})
+
+
+def test_the_worker_fetches_the_importance_matrix_and_checks_its_digest(sqlite_harness, minilm_request):
+    """`convgate worker run` fetches imatrix_uri like the artifact: a digest other than the submitted one is
+    refused unread; with the right digest the file reaches our reader (config.json is no imatrix)."""
+    harness = sqlite_harness
+    not_an_imatrix = fixtures_root() / "minilm" / "source" / "config.json"
+    from worker.digests import sha256_file
+
+    base = minilm_request.model_copy(update={"gates": [1], "imatrix_uri": not_an_imatrix.as_uri()})
+    wrong = harness.submit(base.model_copy(update={"imatrix_sha256": "0" * 64}), key="wrong")
+    right = harness.submit(base.model_copy(update={"imatrix_sha256": sha256_file(not_an_imatrix)}), key="right")
+    harness.tick_until(lambda: {harness.state(v).state for v in (wrong, right)} == {State.COMPLETED})
+    with harness.factory() as session:
+        found = {v: repository.verdict_for(session, v) for v in (wrong, right)}
+    assert found[wrong] is not None and list(found[wrong].blocker_codes) == ["imatrix.sha256_mismatch"]
+    assert found[right] is not None and list(found[right].blocker_codes) == ["imatrix.malformed"]
+    assert {harness.state(v).verdict_result for v in (wrong, right)} == {"NO-GO"}

@@ -67,6 +67,14 @@ def test_stored_request_keeps_the_originals_apart():
     assert (uris.source, uris.artifact, uris.release_files) == (
         "file:///models/m", PRESIGNED, ("file:///models/x?TOKSECRET",))
     assert input_uris(plain).artifact == "file:///models/m.gguf"
+    assert input_uris(plain).imatrix is None
+
+
+def test_an_imatrix_uri_is_stored_redacted_and_fetched_with_the_original():
+    plain = {"source_uri": "file:///models/m", "artifact_uri": "file:///models/m.gguf", "release_files": []}
+    stored = stored_request(plain | {"imatrix_uri": PRESIGNED, "imatrix_sha256": SHA})
+    assert not leaks(json.dumps(public_request(stored))) and HIDDEN in stored["imatrix_uri"]
+    assert input_uris(stored).imatrix == PRESIGNED
 
 
 @pytest.fixture

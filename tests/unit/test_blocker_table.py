@@ -11,8 +11,9 @@ from pydantic import ValidationError
 from worker.blockers import BLOCKER_CODES, Blocker
 
 ENGINE = Path(__file__).resolve().parents[2] / "worker"
-CODE_LITERAL = re.compile(r'"((?:gguf|source|tensor|metadata|verifier|measurement|gate|artifact|tokenizer|embedding)'
-                          r'\.(?!json"|chat_template")[a-z0-9_]+)"')
+CODE_LITERAL = re.compile(r'"((?:gguf|source|tensor|metadata|verifier|measurement|gate|artifact|tokenizer|embedding'
+                          r'|imatrix)'
+                          r'\.(?!json"|chat_template"|datasets"|chunk_count"|chunk_size")[a-z0-9_]+)"')
 
 
 def test_every_code_used_in_the_engine_is_in_the_table():

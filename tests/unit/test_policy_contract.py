@@ -18,10 +18,11 @@ from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS
 
 # field: (lowest accepted, highest accepted or None when unbounded)
 BOUNDS = {"tie_ulps": (0, 16), "reader_crosscheck_rows": (2, 64), "max_context_tokens": (16, None),
-          "max_logit_positions": (1, None)}
-DEFAULTS = {"version": "2026.11-2", "reproduce_quantized": True, "tie_ulps": 4, "reader_crosscheck_rows": 4,
+          "max_logit_positions": (1, None), "systematic_fraction": (0.5, 1.0)}
+DEFAULTS = {"version": "2026.11-3", "reproduce_quantized": True, "tie_ulps": 4, "reader_crosscheck_rows": 4,
             "token_ids_exact": True, "require_top1_equal": True, "contradiction_high_cosine": 0.999,
-            "contradiction_low_cosine": 0.9, "max_context_tokens": 2048, "max_logit_positions": 256}
+            "contradiction_low_cosine": 0.9, "max_context_tokens": 2048, "max_logit_positions": 256,
+            "without_imatrix": "no-go", "other_quantizer": "no-go", "systematic_fraction": 0.5}
 
 
 @pytest.mark.parametrize("field", sorted(BOUNDS))
@@ -101,7 +102,7 @@ def test_blocker_table_invariants():
     assert len(BLOCKER_CODES) == len(set(BLOCKER_CODES))
     families = {code.split(".")[0] for code in BLOCKER_CODES}
     assert families == {"gguf", "source", "tensor", "metadata", "tokenizer", "embedding", "logits", "runtime",
-                        "release", "verifier", "measurement", "gate", "artifact"}
+                        "release", "verifier", "measurement", "gate", "artifact", "rerank", "imatrix"}
     for code, meaning in BLOCKER_CODES.items():
         assert re.fullmatch(r"[a-z0-9]+\.[a-z0-9_]+", code), code
         assert meaning == meaning.strip() and "\n" not in meaning and not meaning.endswith("."), code

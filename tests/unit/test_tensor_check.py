@@ -123,7 +123,7 @@ def test_one_q8_0_code_is_caught_by_reproduction_not_by_the_bound(tmp_path):
     raw[34 * block + 2 + element] = (raw[34 * block + 2 + element] + (1 if residual[block, element] > 0 else -1)) % 256
     row, blockers = run(tmp_path, x, "Q8_0", bytes(raw))
     assert codes(blockers) == ["tensor.reproduction_mismatch"] and row.mismatched == 1
-    assert "1 Q8_0 blocks differ" in blockers[0].why
+    assert "1 of 64 Q8_0 blocks differ" in blockers[0].why
     bounded_row, bounded = run(tmp_path, x, "Q8_0", bytes(raw), policy=Policy(reproduce_quantized=False))
     assert bounded_row.check == "bounded" and bounded == []
 
@@ -231,10 +231,10 @@ def test_a_reader_disagreement_is_a_verifier_blocker(tmp_path, monkeypatch):
 def test_a_type_without_reproducer_or_bound_is_unsupported():
     from worker.gates.tensor_values import _Accumulator, _judge
 
-    info = TensorInfo("t", (32,), GGML_TYPES_BY_NAME["IQ4_NL"], 0, 18)
-    (blocker,) = _judge(_Accumulator(), info, "bounded", None)
+    info = TensorInfo("t", (256,), GGML_TYPES_BY_NAME["IQ2_S"], 0, 82)
+    (blocker,) = _judge(_Accumulator(), info, "bounded", None, None)
     assert (blocker.code, blocker.tensor) == ("tensor.type_unsupported", "t")
-    assert blocker.why == "no reproducer or derived bound for IQ4_NL"
+    assert blocker.why == "no reproducer or derived bound for IQ2_S"
 
 
 def test_sampled_rows_are_fixed_per_tensor_and_include_both_ends():

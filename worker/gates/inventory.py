@@ -27,6 +27,12 @@ class Inventory:
     blockers: tuple[Blocker, ...]
 
 
+def _without_outer_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
 def _classify(gguf_type: str, source_dtype: str, transform: RowTransform | None) -> str:
     if transform is not None:
         return f"transformed ({transform.name})"
@@ -50,8 +56,8 @@ class _Taking:
 
     def shape_agrees(self, target: str, shape: tuple[int, ...], source_label: str) -> bool:
         info = self.by_name[target]
-        if info.numpy_shape == shape:
-            return True
+        if _without_outer_ones(info.numpy_shape) == _without_outer_ones(shape):
+            return True  # ggml counts dimensions without trailing 1s: llama-quantize stores [1, n] as [n]
         self.block("tensor.shape_mismatch",
                    f"{target} has shape {list(info.numpy_shape)}, source {source_label} has {list(shape)}", target)
         return False

@@ -23,7 +23,7 @@ from worker.gates.architectures import Architecture
 from worker.gates.expectation import NO_DEFAULT, Expectation
 from worker.gates.hyperparameters import underivable_rope_scaling
 from worker.gates.metadata_keys import disposition
-from worker.gates.tokenizer_metadata import TokenizerFiles, flag_findings, tokenizer_expectations
+from worker.gates.tokenizer_metadata import TokenizerFiles, converter_notes, flag_findings, tokenizer_expectations
 from worker.report import MetadataCheck
 from worker.runtime.sentence_config import LLAMA_POOLING, sentence_config
 
@@ -184,6 +184,7 @@ def check_metadata(arch: Architecture, layout: GGUFLayout, source: SourceModel) 
         findings, outcome.flags = flag_findings(tokenizer, metadata)
         outcome.blockers.extend(Blocker(code="tokenizer.flag_mismatch", gate="storage", why=f.why, key=f.flag)
                                 for f in findings)
+        outcome.not_verified.extend(converter_notes(tokenizer))
     else:
         outcome.not_verified.append("tokenizer keys: the source has no tokenizer.json")
     _account_for_the_rest(arch, metadata, outcome)

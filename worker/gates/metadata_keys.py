@@ -33,7 +33,9 @@ NOT_DERIVED: dict[str, str] = {
     "tokenizer.ggml.add_space_prefix": "a SentencePiece option; gate 2 verifies it by behaviour",
     "tokenizer.ggml.remove_extra_whitespaces": "a SentencePiece option; gate 2 verifies it by behaviour",
     "tokenizer.ggml.precompiled_charsmap": "a SentencePiece normaliser blob; gate 2 verifies it by behaviour",
-}
+} | {f"quantize.imatrix.{label}": "llama-quantize's note of the importance matrix it used (no runtime reads it); "
+     "the imatrix given to the verifier is named by its sha256 in gate 1" for label in
+     ("file", "dataset", "entries_count", "chunks_count")}
 # llama.cpp reads the pre-tokenizer name only for BPE vocabularies (llama-vocab.cpp): for these tokenizer
 # models the key changes nothing a runtime computes.
 NOT_READ_FOR_MODEL: dict[str, tuple[str, ...]] = {

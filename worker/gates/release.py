@@ -2,11 +2,13 @@
 
 The file must still have the sha256 measured before gates 1 and 2; then llama.cpp loads it afresh
 and its outputs are checked for dimension, finiteness, non-zero norm and the same top-1 results
-gate 2 recorded. Every file of the release package is digested so a recipient can check them.
+gate 2 recorded (a reranker: gate 2's pairs re-scored, the same scores and document order). Every
+file of the release package is digested so a recipient can check them.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -17,8 +19,10 @@ from worker.digests import digest_file, sha256_file
 from worker.errors import ReferenceMissingError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.gates.embedding_parity import retrieval_top1
+from worker.gates.relevance_parity import RERANK_SET, candidate_scores, changed_orders, document_order
 from worker.gates.runtime import RuntimeMeasurements
 from worker.report import FileDigest, GateResult
+from worker.rerank_thresholds import RELEASE_SCORE_TOLERANCE
 from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
 from worker.runtime.sentence_config import SentenceConfig
 
@@ -67,6 +71,33 @@ def _remeasure_logits(candidate: LlamaCandidate, measured: RuntimeMeasurements, 
     return []
 
 
+def _remeasure_relevance(candidate: LlamaCandidate, measured: RuntimeMeasurements | None,
+                         details: dict) -> list[Blocker]:
+    """Re-score gate 2's pairs: finite, the scores gate 2 measured (same bytes, same runtime), the same order."""
+    scores = candidate_scores(candidate)
+    details.update(scores=[list(q) for q in scores], orders=[document_order(q) for q in scores],
+                   tolerance=RELEASE_SCORE_TOLERANCE)
+    if not all(math.isfinite(s) for query in scores for s in query):
+        return [Blocker(code="release.not_finite", gate="release", why="non-finite relevance scores")]
+    if measured is None:
+        return []
+    blockers: list[Blocker] = []
+    if measured.rerank_scores:
+        diff = max(abs(a - b) for was, now in zip(measured.rerank_scores, scores, strict=True)
+                   for a, b in zip(was, now, strict=True))
+        details["max_abs_diff_from_gate2"] = diff
+        if not diff <= RELEASE_SCORE_TOLERANCE:
+            blockers.append(Blocker(code="release.score_changed", gate="release",
+                                    why=f"relevance scores differ from gate 2's by up to {diff:.3g} "
+                                        f"(> {RELEASE_SCORE_TOLERANCE:g}): not the file measured"))
+    changed = changed_orders(measured.rerank_orders, measured.rerank_scores, scores, 2 * RELEASE_SCORE_TOLERANCE)
+    if changed:
+        blockers.append(Blocker(code="release.order_changed", gate="release",
+                                why="; ".join(f"{RERANK_SET[i].label}: documents {details['orders'][i]}, gate 2 "
+                                              f"measured {list(measured.rerank_orders[i])}" for i in changed)))
+    return blockers
+
+
 def run_release_gate(
     artifact: Path,
     artifact_uri: str,
@@ -95,13 +126,15 @@ def run_release_gate(
     else:
         n_ctx = measured.n_ctx if measured else 512
         try:
-            candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx)
+            candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker")
         except (CandidateLoadError, ReferenceMissingError) as exc:
             blockers.append(Blocker(code="runtime.load_failed", gate="release", why=str(exc)))
         else:
             try:
                 if kind == "embedding":
                     blockers.extend(_remeasure_embedding(candidate, layout, sentence, measured, details))
+                elif kind == "reranker":
+                    blockers.extend(_remeasure_relevance(candidate, measured, details))
                 else:
                     baseline = measured or RuntimeMeasurements("causal-lm", n_ctx)
                     blockers.extend(_remeasure_logits(candidate, baseline, details))

@@ -10,6 +10,7 @@ with a `gate.not_run` blocker: 0 == 0 agreements and a NaN cosine are not a pass
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
 from worker.gates.embedding_parity import check_embeddings
 from worker.gates.logits_parity import check_logits
+from worker.gates.relevance_parity import measure_relevance
 from worker.gates.tokenizer_parity import check_tokenizer
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
@@ -31,7 +33,7 @@ from worker.runtime.sentence_config import SentenceConfig, sentence_config
 from worker.texts import DEFAULT_TEXTS, Text, near_context_texts, uncovered_inputs
 from worker.thresholds import RuntimeThresholds
 
-ModelKind = Literal["embedding", "causal-lm"]
+ModelKind = Literal["embedding", "causal-lm", "reranker"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +45,25 @@ class RuntimeMeasurements:
     retrieval_top1: tuple[int, ...] = ()
     logits_text: str | None = None
     logits_top1: tuple[int, ...] = ()
+    rerank_orders: tuple[tuple[int, ...], ...] = ()
+    rerank_scores: tuple[tuple[float, ...], ...] = ()
+
+
+def is_reranker(config: Mapping[str, Any]) -> bool:
+    """A sequence classifier with one output: a cross-encoder scoring (query, document) pairs."""
+    architectures = config.get("architectures") or []
+    labels = config.get("id2label")
+    n_labels = len(labels) if isinstance(labels, dict) else config.get("num_labels")
+    return any(str(a).endswith("ForSequenceClassification") for a in architectures) and n_labels == 1
 
 
 def model_kind(source: SourceModel, sentence: SentenceConfig, requested: str = "auto") -> ModelKind | None:
-    if requested in ("embedding", "causal-lm"):
+    if requested in ("embedding", "causal-lm", "reranker"):
         return requested  # type: ignore[return-value]
     if sentence.is_embedding_model:
         return "embedding"
+    if is_reranker(source.config):
+        return "reranker"
     architectures = source.config.get("architectures") or []
     return "causal-lm" if any(str(a).endswith("ForCausalLM") for a in architectures) else None
 
@@ -129,6 +143,8 @@ def nothing_measured(details: dict[str, Any]) -> str | None:
     """Why the embeddings or logits comparison measured nothing, or None when it measured something."""
     if "embeddings" in details and not details["embeddings"]["per_text"]:
         return "no text's embedding could be compared with the reference"
+    if "relevance" in details and not details["relevance"]["per_pair"]:
+        return "no (query, document) pair could be scored"
     if "logits" in details and not details["logits"]["per_text"]:
         return "no logits position could be compared with the reference"
     return None
@@ -157,7 +173,7 @@ def run_runtime_gate(
     try:
         hf = HFTokenizer(source.root / "tokenizer.json")
         progress("runtime", 0, 3)
-        candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx)
+        candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker")
     except ReferenceMissingError as exc:
         return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
     except CandidateLoadError as exc:
@@ -180,8 +196,12 @@ def run_runtime_gate(
             "thresholds": thresholds.model_dump(), "texts": [t.label for t in texts], "skipped_texts": skipped,
             "not_covered": uncovered_inputs(texts), "tokenizer": tokens.details(),
         }
-        model = HFModel(source.root, causal=kind == "causal-lm")
-        if kind == "embedding":
+        model = HFModel(source.root, causal=kind == "causal-lm", classifier=kind == "reranker")
+        if kind == "reranker":
+            found, details["relevance"], (orders, scores) = measure_relevance(hf, model, candidate,
+                                                                              policy.rerank[precision])
+            measured = RuntimeMeasurements("reranker", n_ctx, rerank_orders=orders, rerank_scores=scores)
+        elif kind == "embedding":
             found, details["embeddings"], measured = _measure_embeddings(
                 texts, hf, model, candidate, sentence, tokens.default_ids_equal, policy, thresholds, n_ctx)
         else:
@@ -192,6 +212,8 @@ def run_runtime_gate(
             return _not_run(started, empty, details, blockers)
     except ReferenceMissingError as exc:
         return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
+    except SourceError as exc:
+        return _fail(started, Blocker(code=exc.code, gate="input", why=exc.why))
     finally:
         candidate.close()
     status = "failed" if blockers else "passed"

@@ -19,10 +19,14 @@ from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for, supported
 from worker.gates.inventory import take_inventory
 from worker.gates.metadata_check import check_metadata
+from worker.gates.systematic import reclassify
 from worker.gates.tensor_values import check_tensor
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
-from worker.report import GateResult, TensorRow
+from worker.quant.imatrix import ImatrixError, ImportanceMatrix
+from worker.report import FileDigest, GateResult, TensorRow
+
+UNCHECKED_SHOWN = 40  # tensor names an unsupported-architecture blocker lists; the details hold them all
 
 
 def _check_kinds(rows: list[TensorRow]) -> dict[str, dict[str, int]]:
@@ -52,16 +56,31 @@ def open_source_or_blocker(source_dir: Path) -> SourceModel | Blocker:
         return Blocker(code=exc.code, gate="input", why=exc.why, tensor=exc.tensor)
 
 
+def _imatrix_details(imatrix: ImportanceMatrix | None, file: FileDigest | None, weighted: int) -> dict | None:
+    """Which importance matrix gate 1 reproduced with, by digest, and how many tensors it weighted."""
+    if imatrix is None or file is None:
+        return None
+    return {"uri": file.uri, "sha256": file.sha256, "size": file.size, "format": imatrix.format,
+            "entries": len(imatrix.entries), "datasets": list(imatrix.datasets), "tensors_weighted": weighted}
+
+
 def run_storage_gate(
-    artifact: Path, layout: GGUFLayout, source: SourceModel, policy: Policy, progress: Progress = no_progress
+    artifact: Path, layout: GGUFLayout, source: SourceModel, policy: Policy, progress: Progress = no_progress, *,
+    imatrix: ImportanceMatrix | None = None, imatrix_file: FileDigest | None = None,
 ) -> tuple[GateResult, list[Blocker]]:
-    """Inventory, metadata and every tensor's values; structure and source were validated by the caller."""
+    """Inventory, metadata and every tensor's values; structure and source were validated by the caller.
+    Quantized tensors are re-quantized with `imatrix`'s weights where it has an entry, as llama-quantize does."""
     started = time.perf_counter()
     arch_name = str(layout.metadata.get("general.architecture", ""))
     arch = architecture_for(arch_name, source.config)
     if arch is None:
-        why = f"architecture {arch_name!r} has no name map (supported: {', '.join(supported())})"
-        return _failed(started, [Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)])
+        names = [info.name for info in layout.tensors]
+        shown = ", ".join(names[:UNCHECKED_SHOWN]) + (f", ... ({len(names) - UNCHECKED_SHOWN} more)"
+                                                      if len(names) > UNCHECKED_SHOWN else "")
+        why = (f"architecture {arch_name!r} has no name map (supported: {', '.join(supported())}); "
+               f"none of its {len(names)} tensors could be checked: {shown}")
+        return _failed(started, [Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)],
+                       architecture=arch_name, unchecked_tensors=names)
     try:
         inventory = take_inventory(arch, layout, source)
         metadata = check_metadata(arch, layout, source)
@@ -73,12 +92,18 @@ def run_storage_gate(
     blockers = list(inventory.blockers) + metadata.blockers
     rows: list[TensorRow] = []
     file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
-    total = len(inventory.pairs)
+    total, weighted = len(inventory.pairs), 0
     for done, pair in enumerate(inventory.pairs):
         progress("storage", done, total)
         info = layout.tensor(pair.gguf_name)
         try:
-            row, tensor_blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy)
+            weights = imatrix.weights_for(info.name, info.shape) if imatrix and info.ggml_type.quantized else None
+            weighted += weights is not None
+            row, tensor_blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy,
+                                                quant_weights=weights)
+        except ImatrixError as exc:
+            blockers.append(Blocker(code=exc.code, gate="storage", why=exc.why, tensor=info.name))
+            continue
         except ReferenceMissingError as exc:
             blockers.append(Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
                                     tensor=info.name))
@@ -89,6 +114,7 @@ def run_storage_gate(
         rows.append(row)
         blockers.extend(tensor_blockers)
     progress("storage", total, total)
+    blockers = reclassify(rows, blockers, policy.systematic_fraction, weighted=imatrix is not None)
     del file_bytes
     details = {
         "structure": "valid",
@@ -101,6 +127,7 @@ def run_storage_gate(
         "tokenizer_flags": metadata.flags,
         "metadata_not_verified": metadata.not_verified,
         "tensors": [row.model_dump() for row in rows],
+        "imatrix": _imatrix_details(imatrix, imatrix_file, weighted),
     }
     status = "failed" if blockers else "passed"
     if not rows:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from worker.formats.source import SourceModel
 from worker.gates.expectation import Expectation
 from worker.gates.tokenizer_parity import special_token_ids, template_facts
@@ -31,6 +33,9 @@ RUNTIME_FLAG_DEFAULTS: dict[str, dict[str, bool]] = {
     "t5": {"bos": False, "eos": True, "sep": False},
     "gpt2": {"bos": False, "eos": False, "sep": False},
 }
+# XLM-RoBERTa models (bge-m3, multilingual-e5) ship this beside tokenizer.json; the converter then reads the
+# vocabulary from it (see sentencepiece_padding).
+SENTENCEPIECE_FILE = "sentencepiece.bpe.model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class TokenizerFiles:
     config: Mapping[str, Any]
     model_config: Mapping[str, Any]
     chat_template: str | None
+    sentencepiece_model: bool = False
 
     @classmethod
     def read(cls, source: SourceModel) -> TokenizerFiles | None:
@@ -51,7 +57,8 @@ class TokenizerFiles:
         template = config.get("chat_template")
         if template is None:
             template = source.read_text("chat_template.jinja")
-        return cls(tokenizer, config, source.config, template if isinstance(template, str) else None)
+        return cls(tokenizer, config, source.config, template if isinstance(template, str) else None,
+                   (source.root / SENTENCEPIECE_FILE).is_file())
 
     @property
     def model(self) -> Mapping[str, Any]:
@@ -132,7 +139,9 @@ def vocabulary(files: TokenizerFiles, model: str) -> tuple[list[str], list[int]]
             tokens.append(f"[PAD{i}]")
             kinds.append(UNUSED)
             continue
-        if i in added:
+        if model == "t5" and i == unk:
+            kind = UNKNOWN  # a Unigram vocabulary's unknown piece, even when listed among the added tokens
+        elif i in added:
             kind = CONTROL if added[i].get("special") or _looks_special(token) else USER_DEFINED
         elif model == "llama" and i == unk:
             kind = UNKNOWN
@@ -145,6 +154,54 @@ def vocabulary(files: TokenizerFiles, model: str) -> tuple[list[str], list[int]]
         tokens.append(token)
         kinds.append(kind)
     return tokens, kinds
+
+
+def unigram_scores(files: TokenizerFiles, size: int) -> list[float]:
+    """A Unigram vocabulary's piece scores as GGUF stores them (float32), padded like the tokens."""
+    vocab = files.model.get("vocab") or []
+    scores = [float(np.float32(entry[1])) for entry in vocab]
+    return scores + [-10000.0] * (size - len(scores))
+
+
+def sentencepiece_padding(files: TokenizerFiles) -> int | None:
+    """The first id llama.cpp's converter stores as padding when it reads an XLM-R vocabulary from the
+    source's sentencepiece.bpe.model (convert_hf_to_gguf XLMRobertaModel._xlmroberta_set_vocab), else None.
+
+    That file holds fairseq's pieces (<unk> <s> </s> ...) without the <pad> and <mask> HF's XLM-R tokenizer
+    adds around them; the converter realigns the pieces one id up but never restores <mask> (it does only for
+    nomic-bert-moe), so the HF id of <mask>, the last one, and any padding past it, hold `[PAD<id - 1>]`,
+    unused, score -10000. Only a tokenizer.json of exactly that layout is read this way."""
+    vocab = files.model.get("vocab")
+    if not (files.sentencepiece_model and ggml_model(files) == "t5" and isinstance(vocab, list) and len(vocab) > 4):
+        return None
+    xlmr = any(str(a).startswith("XLMRoberta") for a in files.model_config.get("architectures") or ())
+    layout = [str(entry[0]) for entry in vocab[:4]] == ["<s>", "<pad>", "</s>", "<unk>"] and vocab[-1][0] == "<mask>"
+    mask = len(vocab) - 1
+    return mask if xlmr and layout and special_ids(files).get("mask") == mask else None
+
+
+def converter_notes(files: TokenizerFiles) -> list[str]:
+    """Documented converter quirks the tokenizer expectations accept, for the report's not_verified."""
+    mask = sentencepiece_padding(files)
+    if mask is None:
+        return []
+    return [f"tokenizer: <mask> (id {mask}) is expected as [PAD{mask - 1}] (unused, score -10000): llama.cpp's "
+            f"converter reads the vocabulary from {SENTENCEPIECE_FILE}, which has no <mask>, and does not restore "
+            "it; llama.cpp therefore does not recognise a literal '<mask>' in a text (no embedding or reranking "
+            "input needs it); every other token is compared with tokenizer.json"]
+
+
+def _apply_sentencepiece_padding(files: TokenizerFiles, tokens: list[str], kinds: list[int],
+                                 scores: list[float] | None) -> str:
+    """Expect the converter's SentencePiece-path padding (sentencepiece_padding); the origin note, or ''."""
+    start = sentencepiece_padding(files)
+    if start is None:
+        return ""
+    for i in range(start, len(tokens)):
+        tokens[i], kinds[i] = f"[PAD{i - 1}]", UNUSED
+        if scores is not None:
+            scores[i] = -10000.0
+    return f"; from id {start} on as the converter's {SENTENCEPIECE_FILE} path stores them ([PAD<id - 1>])"
 
 
 def merges(files: TokenizerFiles) -> list[str] | None:
@@ -178,12 +235,19 @@ def tokenizer_expectations(files: TokenizerFiles) -> list[Expectation]:
     """Every tokenizer key a runtime reads that the files determine (flags are checked by meaning, below)."""
     model = ggml_model(files)
     tokens, kinds = vocabulary(files, model)
+    scores = unigram_scores(files, len(tokens)) if model == "t5" and isinstance(files.model.get("vocab"), list) \
+        else None
+    quirk = _apply_sentencepiece_padding(files, tokens, kinds, scores)
     out = [
         Expectation("tokenizer.ggml.model", model, "tokenizer.json model.type"),
-        Expectation("tokenizer.ggml.tokens", tokens, "tokenizer.json vocab + added_tokens, padded to vocab_size"),
-        Expectation("tokenizer.ggml.token_type", kinds, "tokenizer.json token kinds"),
+        Expectation("tokenizer.ggml.tokens", tokens,
+                    "tokenizer.json vocab + added_tokens, padded to vocab_size" + quirk),
+        Expectation("tokenizer.ggml.token_type", kinds, "tokenizer.json token kinds" + quirk),
     ]
-    if model == "bert":
+    if scores is not None:
+        out.append(Expectation("tokenizer.ggml.scores", scores,
+                               "tokenizer.json Unigram piece scores (float32), -10000 for padding" + quirk))
+    if model == "bert" or "type_vocab_size" in files.model_config:
         out.append(Expectation("tokenizer.ggml.token_type_count", int(files.model_config.get("type_vocab_size", 1)),
                                "config.type_vocab_size"))
     if model == "gpt2" and (pairs := merges(files)) is not None:

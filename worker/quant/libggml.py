@@ -67,17 +67,33 @@ def available() -> bool:
     return True
 
 
-def quantize_rows(values: np.ndarray, type_id: int, row_bytes: int) -> np.ndarray:
-    """Quantize a 2-D float32 array row by row with ggml's reference path (no importance matrix)."""
+def requires_imatrix(type_id: int) -> bool:
+    """libggml refuses to quantize these types without an importance matrix (`quant_weights`)."""
+    return bool(_lib().ggml_quantize_requires_imatrix(type_id))
+
+
+def quantize_rows(values: np.ndarray, type_id: int, row_bytes: int, *,
+                  quant_weights: np.ndarray | None = None) -> np.ndarray:
+    """Quantize a 2-D float32 array row by row with `ggml_quantize_chunk`, the call llama-quantize makes.
+
+    `quant_weights` (one importance weight per column, `n_per_row` float32) is the importance
+    matrix llama-quantize passes for the tensor; without it the type's reference path runs.
+    """
     lib = _lib()
-    if lib.ggml_quantize_requires_imatrix(type_id):
-        raise ReferenceMissingError(f"ggml type {type_id} cannot be quantized without an importance matrix")
     src = np.ascontiguousarray(values, dtype=np.float32)
     rows, n_per_row = src.shape
+    weights_ptr = None
+    if quant_weights is not None:
+        weights = np.ascontiguousarray(quant_weights, dtype=np.float32)
+        if weights.shape != (n_per_row,):
+            raise ValueError(f"quant_weights has shape {weights.shape}, expected ({n_per_row},)")
+        weights_ptr = weights.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    elif lib.ggml_quantize_requires_imatrix(type_id):
+        raise ReferenceMissingError(f"ggml type {type_id} cannot be quantized without an importance matrix")
     out = np.empty((rows, row_bytes), dtype=np.uint8)
     written = lib.ggml_quantize_chunk(
         type_id, src.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.ctypes.data_as(ctypes.c_void_p),
-        0, rows, n_per_row, None,
+        0, rows, n_per_row, weights_ptr,
     )
     if written != out.nbytes:
         raise ReferenceMissingError(f"ggml_quantize_chunk wrote {written} bytes, expected {out.nbytes}")

@@ -37,12 +37,26 @@ class HFTokenizer:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
 
+    def encode_pair(self, query: str, document: str) -> list[int]:
+        """A (query, document) pair through the post-processor's pair template, as a cross-encoder reads it."""
+        self.tokenizer.encode_special_tokens = True
+        return list(self.tokenizer.encode(query, document, add_special_tokens=True).ids)
+
     def encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         self.tokenizer.encode_special_tokens = not parse_special
         return list(self.tokenizer.encode(text, add_special_tokens=add_special).ids)
 
     def token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def _torch():
@@ -54,26 +68,39 @@ def _torch():
 
 
 class HFModel:
-    """transformers on CPU; the same object serves embeddings (base model) or logits (causal LM)."""
+    """transformers on CPU; the same object serves embeddings (base model), logits (causal LM) or
+    relevance scores (a sequence-classification head, `classifier=True`)."""
 
-    def __init__(self, source_dir: Path, *, causal: bool) -> None:
+    def __init__(self, source_dir: Path, *, causal: bool, classifier: bool = False) -> None:
         self.source_dir = source_dir
         self.causal = causal
+        self.classifier = classifier
 
     @cached_property
     def model(self) -> Any:
         torch = _torch()
         try:
-            from transformers import AutoModel, AutoModelForCausalLM
+            from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
         except ImportError as exc:
             raise ReferenceMissingError("transformers is not installed") from exc
-        loader = AutoModelForCausalLM if self.causal else AutoModel
+        loader = AutoModelForSequenceClassification if self.classifier else (
+            AutoModelForCausalLM if self.causal else AutoModel)
         torch.set_num_threads(max(torch.get_num_threads(), 1))
         try:
             model = loader.from_pretrained(self.source_dir, dtype=torch.float32, use_safetensors=True)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ReferenceMissingError(f"transformers cannot load the source: {exc}") from exc
+        except ImportError as exc:
+            raise ReferenceMissingError(f"transformers needs a package it cannot import: {exc}") from exc
+        except Exception as exc:  # any failure to build the reference (unknown model type, shapes, remote code)
+            raise SourceError("source.unsupported_architecture", self._cannot_build(exc)) from exc
         return model.eval()
+
+    def _cannot_build(self, exc: Exception) -> str:
+        config = parse_json((self.source_dir / "config.json").read_bytes(), "config.json")
+        config = config if isinstance(config, dict) else {}
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return (f"transformers {_version('transformers')} cannot build the source model "
+                f"(architectures {config.get('architectures')}, model_type {config.get('model_type')!r}), "
+                f"so gate 2 has no reference: {type(exc).__name__}: {first_line}")
 
     def _forward(self, ids: list[int]) -> Any:
         torch = _torch()
@@ -87,6 +114,10 @@ class HFModel:
         if pooling == "mean":
             return hidden.mean(axis=0)
         return hidden[0] if pooling == "cls" else hidden[-1]
+
+    def scores(self, ids: list[int]) -> np.ndarray:
+        """The classification head's logits for one sequence (a reranker's relevance score)."""
+        return self._forward(ids).logits[0].double().numpy()
 
     def logits(self, ids: list[int]) -> np.ndarray:
         return self._forward(ids).logits[0].double().numpy()

@@ -19,16 +19,20 @@ class CandidateLoadError(ConvgateError):
     """llama.cpp could not load the GGUF."""
 
 
+LLAMA_POOLING_RANK = 4  # enum llama_pooling_type: a classification head's score per sequence
+
+
 class LlamaCandidate:
-    def __init__(self, path: Path, *, embedding: bool, n_ctx: int) -> None:
+    def __init__(self, path: Path, *, embedding: bool, n_ctx: int, rank: bool = False) -> None:
         try:
             from llama_cpp import Llama
         except ImportError as exc:
             raise ReferenceMissingError("llama-cpp-python is not installed") from exc
+        pooling: dict[str, Any] = {"pooling_type": LLAMA_POOLING_RANK} if rank else {}
         try:
             self.llm: Any = Llama(
-                str(path), embedding=embedding, logits_all=not embedding, n_ctx=n_ctx, n_batch=n_ctx,
-                n_ubatch=n_ctx, verbose=False, n_threads=None,
+                str(path), embedding=embedding or rank, logits_all=not (embedding or rank), n_ctx=n_ctx,
+                n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, n_threads=None, **pooling,
             )
         except (ValueError, RuntimeError) as exc:
             raise CandidateLoadError(f"llama.cpp cannot load {path.name}: {exc}") from exc
@@ -47,6 +51,35 @@ class LlamaCandidate:
         self.llm.reset()
         self.llm.eval(ids)
         return np.asarray(self.llm.scores[: len(ids)], dtype=np.float64).copy()
+
+    def pair_tokens(self, query: str, document: str) -> list[int]:
+        """A (query, document) pair as llama-server's /rerank builds it without a rerank template:
+        [BOS] query [EOS] [SEP] document [EOS], each special token only where the GGUF's flags add it."""
+        import llama_cpp
+
+        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        eos = llama_cpp.llama_vocab_eos(vocab)
+        eos = eos if eos != -1 else llama_cpp.llama_vocab_sep(vocab)
+        add_eos = llama_cpp.llama_vocab_get_add_eos(vocab)
+        out = [llama_cpp.llama_vocab_bos(vocab)] if llama_cpp.llama_vocab_get_add_bos(vocab) else []
+        out += self.tokenize(query, add_special=False, parse_special=False) + ([eos] if add_eos else [])
+        out += [llama_cpp.llama_vocab_sep(vocab)] if llama_cpp.llama_vocab_get_add_sep(vocab) else []
+        return out + self.tokenize(document, add_special=False, parse_special=False) + ([eos] if add_eos else [])
+
+    def rank_scores(self, tokens: list[int]) -> np.ndarray:
+        """The classification head's outputs for one sequence (pooling RANK): n_cls_out floats."""
+        import llama_cpp
+
+        self.llm._batch.reset()
+        self.llm._ctx.kv_cache_clear()
+        self.llm._batch.add_sequence(tokens, 0, True)
+        self.llm._ctx.decode(self.llm._batch)
+        pointer = llama_cpp.llama_get_embeddings_seq(self.llm._ctx.ctx, 0)
+        n_out = int(llama_cpp.llama_model_n_cls_out(self.llm.model))
+        scores = np.array([pointer[i] for i in range(n_out)], dtype=np.float64)
+        self.llm._batch.reset()
+        self.llm._ctx.kv_cache_clear()
+        return scores
 
     @property
     def n_embd(self) -> int:

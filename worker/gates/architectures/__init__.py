@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from worker.gates.architectures import bert, llama
+from worker.gates.architectures import bert, gemma, llama, modern_bert, phi, qwen
 from worker.gates.architectures.base import Architecture, RowTransform, head_permutation
 from worker.gates.architectures.derived import Derivation, DerivedTensor, TensorSource
 
-FAMILIES = (bert, llama)
+FAMILIES = (bert, gemma, llama, modern_bert, phi, qwen)
 
 
 def architecture_for(arch: str, config: Mapping[str, Any]) -> Architecture | None:

@@ -1,4 +1,4 @@
-"""llama and the decoders that share its layout (qwen2, qwen3)."""
+"""llama (and Mistral-style llamas, which the converter writes as `llama`): Q/K rows permuted."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from worker.gates.expectation import Expectation
 class Llama(Architecture, arch="llama"):
     model_arch = gguf.MODEL_ARCH.LLAMA
     omitted_patterns = ((r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", "rotary buffer, recomputed"),)
-    hf_architectures = ("LlamaForCausalLM", "LlamaModel")
+    hf_architectures = ("LlamaForCausalLM", "LlamaModel", "MistralForCausalLM")
 
     def expectations(self) -> list[Expectation]:
         out = super().expectations()
@@ -38,20 +38,3 @@ class Llama(Architecture, arch="llama"):
             return RowTransform(f"llama K head permutation (n_head_kv={n_kv})", head_permutation(rows, n_kv))
         return None
 
-
-class Qwen2(Llama, arch="qwen2"):
-    """Qwen2 keeps HF's rotary layout: no Q/K permutation."""
-
-    model_arch = gguf.MODEL_ARCH.QWEN2
-    hf_architectures = ("Qwen2ForCausalLM", "Qwen2Model")
-
-    def expectations(self) -> list[Expectation]:
-        return Architecture.expectations(self)
-
-    def transform(self, gguf_name: str, rows: int) -> RowTransform | None:
-        return None
-
-
-class Qwen3(Qwen2, arch="qwen3"):
-    model_arch = gguf.MODEL_ARCH.QWEN3
-    hf_architectures = ("Qwen3ForCausalLM", "Qwen3Model")

@@ -1,0 +1,77 @@
+"""Gate-2 thresholds for rerankers per precision class, derived from measured honest conversions.
+
+The compared quantity is a (query, document) pair's relevance score (the classification head's
+logit) from llama.cpp against transformers, in logit units. Each class's threshold is the worst
+absolute score difference measured on honest conversions in that class times `SCORE_MARGIN`,
+never below `SCORE_FLOOR`, rounded outward to two significant digits. A class without a measured
+reranker conversion takes the next finer class's threshold: tighter than it may need, so an honest
+coarse quant can be NO-GO (safe), never the reverse. Re-measure with
+the honest fixtures (tests/integration/test_architectures_encoders.py records each run's worst difference
+under the report's gate-2 details, `relevance.max_abs_diff`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
+
+SCORE_MARGIN = 2.0  # 2x the worst honest absolute score difference (as for the cosine deficit)
+SCORE_FLOOR = 1e-4  # float summation order alone moves a logit by ~1e-6; never hold a class tighter than this
+# Gate 3 re-scores the same bytes with the same runtime, so its scores should equal gate 2's; only thread
+# scheduling can reorder a float sum (~1e-6). A released file that is not the measured one moves them by far
+# more (the honest Q8_0 of the fixture reranker differs from its F16 by ~0.1).
+RELEASE_SCORE_TOLERANCE = SCORE_FLOOR
+
+
+class RerankThresholds(BaseModel):
+    """Reranker thresholds for one precision class."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_score_abs_diff: float = Field(gt=0, description="max |llama.cpp score - reference score| per pair (logits)")
+
+
+@dataclass(frozen=True, slots=True)
+class HonestScores:
+    fixture: str
+    precision: PrecisionClass
+    max_abs_diff: float
+
+
+# Measured on 2026-11-30 (llama-cpp-python 0.3.36, transformers 4.57, torch 2.13, CPU) over the built-in
+# RERANK_SET (3 queries x 4 documents) with the arch-bge-reranker fixture (scripts/fixtures_encoders.py):
+# a random-weight XLMRobertaForSequenceClassification (initializer_range 0.2) whose scores spread over
+# -0.92..-0.03 logits. Worst pair: F16 0.00259, Q8_0 0.111 -> thresholds 0.0052 (float) and 0.23 (8bit, and
+# every coarser class). The random model's Q8_0 error is large next to its spread; a trained reranker's
+# scores spread over several logits, so measure one of your catalogue and configure a named policy from it.
+MEASURED: tuple[HonestScores, ...] = (
+    HonestScores("bge-reranker-F16", "float", 0.00259),
+    HonestScores("bge-reranker-Q8_0", "8bit", 0.111),
+)
+
+
+def _outward(value: float) -> float:
+    scale = 10 ** (math.floor(math.log10(value)) - 1)
+    return float(f"{math.ceil(value / scale) * scale:.2g}")
+
+
+def default_rerank_thresholds() -> dict[PrecisionClass, RerankThresholds]:
+    out: dict[PrecisionClass, RerankThresholds] = {}
+    previous: float | None = None
+    for name in PRECISION_CLASSES:
+        worst = [m.max_abs_diff for m in MEASURED if m.precision == name]
+        value = _outward(max(max(worst) * SCORE_MARGIN, SCORE_FLOOR)) if worst else previous
+        if value is None:
+            raise ValueError(f"no honest reranker measured for the finest precision class {name!r}")
+        if previous is not None:
+            value = max(value, previous)  # a coarser class is never held tighter than a finer one
+        out[name] = RerankThresholds(max_score_abs_diff=value)
+        previous = value
+    return out
+
+
+DEFAULT_RERANK_THRESHOLDS = default_rerank_thresholds()
