@@ -216,7 +216,8 @@ def _append_eos_post_processor(tokenizer_json: Path, eos: str) -> None:
     tokenizer_json.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
-def _sentence_transformers_files(root: Path, dim: int) -> None:
+def sentence_transformers_modules(root: Path, dim: int, pooling: dict[str, bool]) -> None:
+    """modules.json (Transformer, Pooling, Normalize) and the Pooling module's config."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -224,9 +225,13 @@ def _sentence_transformers_files(root: Path, dim: int) -> None:
     ]
     (root / "modules.json").write_text(json.dumps(modules, indent=2))
     (root / "1_Pooling").mkdir(exist_ok=True)
-    (root / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
-         "pooling_mode_lasttoken": True, "include_prompt": True}, indent=2))
+    (root / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": dim, **pooling}, indent=2))
+
+
+def _sentence_transformers_files(root: Path, dim: int) -> None:
+    """Qwen3-Embedding's: last-token pooling, normalised, with a query prompt."""
+    sentence_transformers_modules(root, dim, {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+                                              "pooling_mode_lasttoken": True, "include_prompt": True})
     (root / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": {"query": QWEN3_QUERY_PROMPT, "document": ""}, "default_prompt_name": None,
          "similarity_fn_name": "cosine"}, indent=2))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,10 @@ def _xlmr_tokenizer(tree: Path, tmp: Path) -> None:
 
 def _sentence_transformers_mean(root: Path, dim: int) -> None:
     """multilingual-e5's sentence-transformers files: mean pooling, then Normalize."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
-    (root / "modules.json").write_text(json.dumps(modules, indent=2))
-    (root / "1_Pooling").mkdir(exist_ok=True)
-    (root / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
-         "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False}, indent=2))
+    from build_fixtures import sentence_transformers_modules  # that script imports this module
+
+    sentence_transformers_modules(root, dim, {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+                                              "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False})
     (root / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
 
 
@@ -90,53 +85,54 @@ def _tokenizer(cache: Path, tree: Path) -> Path:
     return produce(cache / "xlm-r-tokenizer", lambda tmp: _xlmr_tokenizer(tree, tmp))
 
 
-def build_xlm_roberta(cache: Path) -> None:
-    """A multilingual-e5-shaped embedding model: XLMRobertaModel, mean pooling, normalised (GGUF arch
-    `bert`). (With CLS pooling a random-weight model's embeddings are near-ties for retrieval.)"""
+def _build_xlmr(cache: Path, folder: str, make_model: Callable[[Path], None]) -> None:
+    """A tiny XLM-RoBERTa-family model with the rebuilt XLM-R tokenizer, converted to F16 and Q8_0."""
     from build_fixtures import llama_cpp_tree, produce
 
     tree = llama_cpp_tree(cache)
     tokenizer = _tokenizer(cache, tree)
-    out = cache / "arch-xlm-roberta"
+    out = cache / folder
     out.mkdir(exist_ok=True)
 
     def make_source(tmp: Path) -> None:
+        shutil.copytree(tokenizer, tmp)
+        make_model(tmp)
+
+    _convert_and_quantize(tree, produce(out / "source", make_source), out)
+
+
+def build_xlm_roberta(cache: Path) -> None:
+    """A multilingual-e5-shaped embedding model: XLMRobertaModel, mean pooling, normalised (GGUF arch
+    `bert`). (With CLS pooling a random-weight model's embeddings are near-ties for retrieval.)"""
+
+    def make_model(tmp: Path) -> None:
         import torch
         from transformers import XLMRobertaConfig, XLMRobertaModel
 
-        shutil.copytree(tokenizer, tmp)
         torch.manual_seed(11)
         config = XLMRobertaConfig(architectures=["XLMRobertaModel"], **TINY_XLMR_CONFIG)
         XLMRobertaModel(config).save_pretrained(tmp, safe_serialization=True)
         _sentence_transformers_mean(tmp, int(TINY_XLMR_CONFIG["hidden_size"]))
 
-    _convert_and_quantize(tree, produce(out / "source", make_source), out)
+    _build_xlmr(cache, "arch-xlm-roberta", make_model)
 
 
 def build_bge_reranker(cache: Path) -> None:
     """A bge-reranker-shaped cross-encoder: XLMRobertaForSequenceClassification with one label,
     no sentence-transformers files (GGUF arch `bert`, classifier head as cls / cls.output)."""
-    from build_fixtures import llama_cpp_tree, produce
 
-    tree = llama_cpp_tree(cache)
-    tokenizer = _tokenizer(cache, tree)
-    out = cache / "arch-bge-reranker"
-    out.mkdir(exist_ok=True)
-
-    def make_source(tmp: Path) -> None:
+    def make_model(tmp: Path) -> None:
         import torch
         from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
 
-        shutil.copytree(tokenizer, tmp)
         torch.manual_seed(12)
         # initializer_range 0.2 (not 0.02): sharper random attention makes the <s> state depend on the
         # input, so scores spread over the documents as a trained reranker's do instead of near-ties
         config = XLMRobertaConfig(architectures=["XLMRobertaForSequenceClassification"], num_labels=1,
                                   initializer_range=0.2, **TINY_XLMR_CONFIG)
-        model = XLMRobertaForSequenceClassification(config)
-        model.save_pretrained(tmp, safe_serialization=True)
+        XLMRobertaForSequenceClassification(config).save_pretrained(tmp, safe_serialization=True)
 
-    _convert_and_quantize(tree, produce(out / "source", make_source), out)
+    _build_xlmr(cache, "arch-bge-reranker", make_model)
 
 
 def _sentencepiece_model(tokenizer_json: Path, target: Path) -> None:

@@ -57,6 +57,12 @@ SETS = {
         ("edge/uri_policy.py", "edge/addresses.py", "edge/transport.py", "edge/retry.py"),
         ("tests/service/test_uri_policy.py", "tests/integration/test_fetch.py",
          "tests/integration/test_file_roots.py")),
+    "coverage": MutationSet(
+        ("worker",),
+        ("worker/gates/architectures/derived.py", "worker/gates/inventory.py", "worker/gates/systematic.py",
+         "worker/acceptance.py", "worker/quant/imatrix.py"),
+        ("tests/unit/test_derived_tensors.py", "tests/unit/test_inventory_derivations.py",
+         "tests/unit/test_reproduction_outcomes.py", "tests/unit/test_imatrix_files.py")),
 }
 
 

@@ -149,9 +149,14 @@ def _wait(client: Client, verification_id: str) -> dict:
 def submit(source: str, artifact: str, sha256: Annotated[str, typer.Option()],
            url: UrlOpt = None, token: TokenOpt = None, kind: str = "auto", policy: Path | None = None,
            texts: Path | None = None, idempotency_key: str | None = None,
+           imatrix: Annotated[str | None, typer.Option(help="URI of the importance matrix the artifact was "
+                                                            "quantized with (needs --imatrix-sha256)")] = None,
+           imatrix_sha256: str | None = None,
            wait: Annotated[bool, typer.Option(help="wait for the verdict with a progress display")] = False) -> None:
     """Submit a verification to the service; with --wait, exit 0 for GO and 1 for NO-GO."""
     body: dict = {"source_uri": source, "artifact_uri": artifact, "artifact_sha256": sha256, "kind": kind}
+    if imatrix is not None or imatrix_sha256 is not None:
+        body |= {"imatrix_uri": imatrix, "imatrix_sha256": imatrix_sha256}  # the API refuses one without the other
     if policy is not None:
         body["policy"] = json.loads(policy.read_text())
     if texts is not None:

@@ -109,16 +109,31 @@ def test_invalid_policy_file_exits_two(minilm, tmp_path):
 RSS_BUDGET_MIB = 330
 
 
-def peak_rss_mib(args: list[str]) -> tuple[int, float]:
-    """Exit code and exact peak RSS (kernel's ru_maxrss) of a child process."""
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, usage.ru_maxrss / 1024
+# The child reports its own VmHWM at exit: the high-water mark of the address space exec gave it. (The
+# kernel's ru_maxrss is not that: exec folds in the parent's peak from the fork or vfork, so a test run
+# after others have loaded torch into the pytest process would be charged ~2 GB it never used.)
+MEASURE_ITSELF = """
+import atexit, os, runpy, sys
+def report():
+    with open("/proc/self/status") as status, open(os.environ["PEAK_RSS_FILE"], "w") as out:
+        out.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+atexit.register(report)
+sys.argv = ["convgate", *sys.argv[1:]]
+runpy.run_module("worker", run_name="__main__")
+"""
 
 
-def test_gate1_streams_within_memory_budget(minilm):
-    code, peak = peak_rss_mib([*CONVGATE, "verify", "--source", str(minilm / "source"),
-                               "--artifact", str(minilm / "minilm-F32.gguf"), "--gates", "1"])
+def peak_rss_mib(args: list[str], tmp_path: Path) -> tuple[int, float]:
+    """Exit code and peak RSS (VmHWM, as the child itself reads it at exit) of `python -m worker ARGS`."""
+    target = tmp_path / "peak-kib"
+    env = dict(os.environ, PEAK_RSS_FILE=str(target))
+    process = subprocess.run([sys.executable, "-c", MEASURE_ITSELF, *args], env=env, check=False,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return process.returncode, int(target.read_text()) / 1024
+
+
+def test_gate1_streams_within_memory_budget(minilm, tmp_path):
+    code, peak = peak_rss_mib(["verify", "--source", str(minilm / "source"),
+                               "--artifact", str(minilm / "minilm-F32.gguf"), "--gates", "1"], tmp_path)
     assert code == 0
     assert 0 < peak < RSS_BUDGET_MIB, f"peak RSS {peak:.0f} MiB"

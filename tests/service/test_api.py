@@ -117,7 +117,7 @@ def test_submission_returns_202_location_and_fixes_the_policy(api):
     assert created["state"] == "queued"
     from worker.policy import Policy
 
-    assert created["policy_sha256"] == Policy(tie_ulps=2, version="inline-2026.11-2").sha256() != Policy().sha256()
+    assert created["policy_sha256"] == Policy(tie_ulps=2, version="inline-2026.11-3").sha256() != Policy().sha256()
 
 
 @pytest.mark.parametrize(

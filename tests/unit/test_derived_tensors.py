@@ -110,3 +110,24 @@ def test_without_a_value_map_widening_is_the_parts_own() -> None:
     tensor = DerivedTensor("x", _parts(PARTS[1]), PARTS[1].shape)
     np.testing.assert_array_equal(tensor.widen(tensor.as_rows()), PARTS[1])
     assert tensor.as_rows() is not None and tensor.as_rows().shape == PARTS[1].shape
+
+
+def test_each_derivation_keeps_its_stated_description_and_sources() -> None:
+    made = [stacked("t.s", ["e0", "e1"], "experts stacked"), row_slice("t.r", "pos", slice(2, None), "offset dropped"),
+            value_map("t.v", "norm", "stored as 1 + w", lambda w: w + 1)]
+    assert [(d.gguf_name, d.source_names, d.description) for d in made] == [
+        ("t.s", ("e0", "e1"), "experts stacked"), ("t.r", ("pos",), "offset dropped"),
+        ("t.v", ("norm",), "stored as 1 + w")]
+
+
+def test_a_value_map_computed_in_float64_is_still_widened_to_float32() -> None:
+    tensor = value_map("t.v", "norm", "stored as 1 + w", lambda w: w.astype(np.float64) + 1).build(_parts(PARTS[0]))
+    widened = tensor.widen(tensor.as_rows())
+    assert widened.dtype == np.float32 and widened.flags.c_contiguous
+    np.testing.assert_array_equal(widened, PARTS[0] + np.float32(1))
+
+
+def test_a_stack_of_one_source_tensor_still_gains_the_outer_axis() -> None:
+    tensor = stacked("t.s", ["e0"], "one expert").build(_parts(PARTS[0]))
+    assert tensor.shape == (1, 4, 5)
+    np.testing.assert_array_equal(tensor.as_rows(), PARTS[0])

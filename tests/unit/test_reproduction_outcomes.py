@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +16,11 @@ from worker.blockers import Blocker
 from worker.formats.ggml_types import GGML_TYPES_BY_NAME
 from worker.formats.gguf_structure import TensorInfo
 from worker.formats.source import open_source
-from worker.gates.systematic import reclassify
+from worker.gates.systematic import quantizer_build, reclassify
 from worker.gates.tensor_values import check_tensor
 from worker.policy import Policy
 from worker.quant import reference
-from worker.report import GateResult
+from worker.report import GateResult, TensorRow
 
 Q8_0 = GGML_TYPES_BY_NAME["Q8_0"]
 NAMES = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.ffn_up.weight")
@@ -157,3 +159,71 @@ def test_opt_in_policy_accepts_only_on_a_passing_gate_2(policy, blocker):
 def test_opting_in_for_one_reason_does_not_accept_the_other():
     policy = Policy(without_imatrix="gate2")
     assert accept_unreproduced([OTHER], RUNTIME_PASSED, policy) == ([OTHER], [])
+
+
+def test_an_accepted_note_names_the_tensor_only_when_the_blocker_has_one():
+    with_tensor = Blocker(code="tensor.other_quantizer", gate="storage", why="differs", tensor="blk.0.attn_q.weight")
+    _, notes = accept_unreproduced([OTHER, with_tensor], RUNTIME_PASSED, Policy(other_quantizer="gate2"))
+    prefix = "bytes not reproduced, accepted by policy on gate 2's measurements: "
+    assert notes == [prefix + OTHER.why, prefix + "differs (blk.0.attn_q.weight)"]
+
+
+def _row(name: str, mismatched: int, blocks: int | None = 10, type_name: str = "Q8_0",
+         check: str = "reproduced") -> TensorRow:
+    return TensorRow(gguf_name=name, source_names=[name], transform=None, gguf_type=type_name, source_dtype="F32",
+                     shape=[8, 256], check=check, max_abs=0.0, rel_l2=0.0, mismatched=mismatched, blocks=blocks,
+                     result="ok")
+
+
+def _wholly(count: int, type_name: str = "Q8_0") -> list[TensorRow]:
+    return [_row(f"blk.{i}.{type_name}.weight", 5, type_name=type_name) for i in range(count)]
+
+
+@pytest.mark.parametrize(("rows", "systematic"), [
+    (_wholly(2), True),  # exactly two tensors, each at exactly the fraction
+    (_wholly(1), False),  # one tensor alone is isolated
+    ([*_wholly(2), _row("blk.9.x.weight", 1)], False),  # one tensor differs in too few blocks
+    ([*_wholly(2), _row("blk.9.x.weight", 4)], False),  # just under the fraction
+    ([*_wholly(2), _row("blk.9.x.weight", 1, check="bounded")], True),  # not a reproduction: not counted
+    ([*_wholly(2), _row("blk.9.x.weight", 1, blocks=None)], True),  # no blocks compared: not counted
+    ([*_wholly(2), _row("token_embd.weight", 0), _row("output.weight", 0)], True),  # never weighed by an imatrix
+    ([*_wholly(2), _row("token_embd.weight", 0), _row("blk.9.x.weight", 0)], False),  # a weighed one reproduces
+])
+def test_which_differences_are_systematic(rows, systematic):
+    mismatches = [Blocker(code="tensor.reproduction_mismatch", gate="storage", why="differs", tensor=r.gguf_name)
+                  for r in rows if r.mismatched and r.check == "reproduced" and r.blocks]
+    blockers = reclassify(rows, mismatches, 0.5)
+    assert codes(blockers) == (["tensor.other_quantizer"] if systematic else codes(mismatches))
+
+
+def test_reclassify_keeps_other_blockers_and_names_each_systematic_type():
+    rows = [*_wholly(7), *_wholly(6, "Q4_K"), _row("blk.0.Q6_K.weight", 5, type_name="Q6_K")]
+    kept = [Blocker(code="tensor.reproduction_mismatch", gate="storage", why="isolated", tensor="blk.0.Q6_K.weight"),
+            Blocker(code="tensor.value_mismatch", gate="storage", why="bound", tensor="blk.0.Q8_0.weight")]
+    mismatches = [Blocker(code="tensor.reproduction_mismatch", gate="storage", why="differs", tensor=r.gguf_name)
+                  for r in rows[:13]]
+    blockers = reclassify(rows, kept + mismatches, 0.5)
+    assert blockers[:2] == kept
+    build = quantizer_build()
+    q4_k = ", ".join(f"blk.{i}.Q4_K.weight" for i in range(6))
+    q8_0 = ", ".join(f"blk.{i}.Q8_0.weight" for i in range(6))
+    assert [(b.code, b.why) for b in blockers[2:]] == [
+        ("tensor.not_reproduced", f"6 Q4_K tensors ({q4_k}) differ systematically from {build}: 30 of 60 blocks; "
+         "no importance matrix was given, so they were likely quantized with one (or by another quantizer): "
+         "supply the imatrix to reproduce them"),
+        ("tensor.other_quantizer", f"7 Q8_0 tensors ({q8_0} and 1 more) differ systematically from {build}: "
+         "35 of 70 blocks; not reproducible with the quantizer we carry")]
+    weighted = reclassify(rows, mismatches, 0.5, weighted=True)
+    assert codes(weighted) == ["tensor.other_quantizer", "tensor.other_quantizer"]
+
+
+def test_the_quantizer_build_names_the_package_and_ggml(monkeypatch):
+    build = quantizer_build()
+    assert re.fullmatch(rf"llama-cpp-python {re.escape(metadata.version('llama-cpp-python'))}, ggml \S+ \(\S+\)",
+                        build), build
+
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert quantizer_build().startswith("llama-cpp-python (not installed), ggml ")

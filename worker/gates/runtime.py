@@ -25,7 +25,7 @@ from worker.gates.relevance_parity import measure_relevance
 from worker.gates.tokenizer_parity import check_tokenizer
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
-from worker.quant.precision import precision_class, type_mix
+from worker.quant.precision import PrecisionClass, precision_class, type_mix
 from worker.report import GateResult
 from worker.runtime.hf_reference import HFModel, HFTokenizer
 from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
@@ -150,6 +150,36 @@ def nothing_measured(details: dict[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Compared:
+    """The two sides gate 2 compares and what it compares them on."""
+
+    texts: tuple[Text, ...]
+    hf: HFTokenizer
+    model: HFModel
+    candidate: LlamaCandidate
+    n_ctx: int
+
+
+def _measure_kind(kind: ModelKind, sides: _Compared, sentence: SentenceConfig, default_ids_equal: dict[str, bool],
+                  policy: Policy, precision: PrecisionClass,
+                  details: dict[str, Any]) -> tuple[list[Blocker], RuntimeMeasurements]:
+    """Gate 2's comparison for the model's kind: relevance scores, embeddings or logits (into `details`)."""
+    thresholds = policy.thresholds(precision)
+    if kind == "reranker":
+        found, details["relevance"], (orders, scores) = measure_relevance(sides.hf, sides.model, sides.candidate,
+                                                                          policy.rerank[precision])
+        return found, RuntimeMeasurements("reranker", sides.n_ctx, rerank_orders=orders, rerank_scores=scores)
+    if kind == "embedding":
+        found, details["embeddings"], measured = _measure_embeddings(
+            sides.texts, sides.hf, sides.model, sides.candidate, sentence, default_ids_equal, policy, thresholds,
+            sides.n_ctx)
+        return found, measured
+    found, details["logits"], measured = _measure_logits(sides.texts, sides.model, sides.candidate, policy,
+                                                         thresholds, sides.n_ctx)
+    return found, measured
+
+
 def run_runtime_gate(
     artifact: Path,
     layout: GGUFLayout,
@@ -197,15 +227,8 @@ def run_runtime_gate(
             "not_covered": uncovered_inputs(texts), "tokenizer": tokens.details(),
         }
         model = HFModel(source.root, causal=kind == "causal-lm", classifier=kind == "reranker")
-        if kind == "reranker":
-            found, details["relevance"], (orders, scores) = measure_relevance(hf, model, candidate,
-                                                                              policy.rerank[precision])
-            measured = RuntimeMeasurements("reranker", n_ctx, rerank_orders=orders, rerank_scores=scores)
-        elif kind == "embedding":
-            found, details["embeddings"], measured = _measure_embeddings(
-                texts, hf, model, candidate, sentence, tokens.default_ids_equal, policy, thresholds, n_ctx)
-        else:
-            found, details["logits"], measured = _measure_logits(texts, model, candidate, policy, thresholds, n_ctx)
+        found, measured = _measure_kind(kind, _Compared(texts, hf, model, candidate, n_ctx), sentence,
+                                        tokens.default_ids_equal, policy, precision, details)
         blockers.extend(found)
         progress("runtime", 3, 3)
         if empty := nothing_measured(details):

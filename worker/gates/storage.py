@@ -17,7 +17,7 @@ from worker.errors import ReferenceMissingError, SourceError, UnsupportedTypeErr
 from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
 from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for, supported
-from worker.gates.inventory import take_inventory
+from worker.gates.inventory import Pairing, take_inventory
 from worker.gates.metadata_check import check_metadata
 from worker.gates.systematic import reclassify
 from worker.gates.tensor_values import check_tensor
@@ -64,37 +64,25 @@ def _imatrix_details(imatrix: ImportanceMatrix | None, file: FileDigest | None, 
             "entries": len(imatrix.entries), "datasets": list(imatrix.datasets), "tensors_weighted": weighted}
 
 
-def run_storage_gate(
-    artifact: Path, layout: GGUFLayout, source: SourceModel, policy: Policy, progress: Progress = no_progress, *,
-    imatrix: ImportanceMatrix | None = None, imatrix_file: FileDigest | None = None,
-) -> tuple[GateResult, list[Blocker]]:
-    """Inventory, metadata and every tensor's values; structure and source were validated by the caller.
-    Quantized tensors are re-quantized with `imatrix`'s weights where it has an entry, as llama-quantize does."""
-    started = time.perf_counter()
-    arch_name = str(layout.metadata.get("general.architecture", ""))
-    arch = architecture_for(arch_name, source.config)
-    if arch is None:
-        names = [info.name for info in layout.tensors]
-        shown = ", ".join(names[:UNCHECKED_SHOWN]) + (f", ... ({len(names) - UNCHECKED_SHOWN} more)"
-                                                      if len(names) > UNCHECKED_SHOWN else "")
-        why = (f"architecture {arch_name!r} has no name map (supported: {', '.join(supported())}); "
-               f"none of its {len(names)} tensors could be checked: {shown}")
-        return _failed(started, [Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)],
-                       architecture=arch_name, unchecked_tensors=names)
-    try:
-        inventory = take_inventory(arch, layout, source)
-        metadata = check_metadata(arch, layout, source)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        # The architecture derives names and metadata from config.json fields that may be absent or
-        # garbled (types are checked when the source is opened; presence depends on the architecture).
-        why = f"config.json cannot give what {arch_name} needs: {type(exc).__name__} {str(exc)[:80]}"
-        return _failed(started, [Blocker(code="source.bad_config", gate="input", why=why)])
-    blockers = list(inventory.blockers) + metadata.blockers
+def _unmapped(arch_name: str, layout: GGUFLayout) -> Blocker:
+    """An architecture without a map is never GO: the blocker names it and every tensor nobody checked."""
+    names = [info.name for info in layout.tensors]
+    shown = ", ".join(names[:UNCHECKED_SHOWN]) + (f", ... ({len(names) - UNCHECKED_SHOWN} more)"
+                                                  if len(names) > UNCHECKED_SHOWN else "")
+    why = (f"architecture {arch_name!r} has no name map (supported: {', '.join(supported())}); "
+           f"none of its {len(names)} tensors could be checked: {shown}")
+    return Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)
+
+
+def _check_values(artifact: Path, layout: GGUFLayout, pairs: tuple[Pairing, ...], policy: Policy,
+                  progress: Progress, imatrix: ImportanceMatrix | None) -> tuple[list[TensorRow], list[Blocker], int]:
+    """Every paired tensor's values, streamed from a memory map: (rows, blockers, tensors the imatrix weighed)."""
     rows: list[TensorRow] = []
+    blockers: list[Blocker] = []
     file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
-    total, weighted = len(inventory.pairs), 0
-    for done, pair in enumerate(inventory.pairs):
-        progress("storage", done, total)
+    weighted = 0
+    for done, pair in enumerate(pairs):
+        progress("storage", done, len(pairs))
         info = layout.tensor(pair.gguf_name)
         try:
             weights = imatrix.weights_for(info.name, info.shape) if imatrix and info.ggml_type.quantized else None
@@ -113,9 +101,34 @@ def run_storage_gate(
             continue
         rows.append(row)
         blockers.extend(tensor_blockers)
-    progress("storage", total, total)
-    blockers = reclassify(rows, blockers, policy.systematic_fraction, weighted=imatrix is not None)
+    progress("storage", len(pairs), len(pairs))
     del file_bytes
+    return rows, blockers, weighted
+
+
+def run_storage_gate(
+    artifact: Path, layout: GGUFLayout, source: SourceModel, policy: Policy, progress: Progress = no_progress, *,
+    imatrix: ImportanceMatrix | None = None, imatrix_file: FileDigest | None = None,
+) -> tuple[GateResult, list[Blocker]]:
+    """Inventory, metadata and every tensor's values; structure and source were validated by the caller.
+    Quantized tensors are re-quantized with `imatrix`'s weights where it has an entry, as llama-quantize does."""
+    started = time.perf_counter()
+    arch_name = str(layout.metadata.get("general.architecture", ""))
+    arch = architecture_for(arch_name, source.config)
+    if arch is None:
+        return _failed(started, [_unmapped(arch_name, layout)], architecture=arch_name,
+                       unchecked_tensors=[info.name for info in layout.tensors])
+    try:
+        inventory = take_inventory(arch, layout, source)
+        metadata = check_metadata(arch, layout, source)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        # The architecture derives names and metadata from config.json fields that may be absent or
+        # garbled (types are checked when the source is opened; presence depends on the architecture).
+        why = f"config.json cannot give what {arch_name} needs: {type(exc).__name__} {str(exc)[:80]}"
+        return _failed(started, [Blocker(code="source.bad_config", gate="input", why=why)])
+    rows, value_blockers, weighted = _check_values(artifact, layout, inventory.pairs, policy, progress, imatrix)
+    blockers = list(inventory.blockers) + metadata.blockers + value_blockers
+    blockers = reclassify(rows, blockers, policy.systematic_fraction, weighted=imatrix is not None)
     details = {
         "structure": "valid",
         "gguf_version": layout.version,

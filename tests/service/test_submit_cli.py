@@ -1,0 +1,44 @@
+"""`convgate submit` sends what the API takes: the importance matrix travels with its digest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import service.cli
+from service.cli import app
+
+
+class _RecordingClient:
+    bodies: list[dict[str, Any]] = []  # noqa: RUF012 - shared by the instances one test creates
+
+    def __init__(self, url: str | None, token: str | None) -> None:
+        pass
+
+    def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        self.bodies.append(body)
+        return {"id": "v-1", "links": {"report": "/v1/verifications/v-1/report"}}
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    _RecordingClient.bodies = []
+    monkeypatch.setattr(service.cli, "Client", _RecordingClient)
+    return _RecordingClient.bodies
+
+
+BASE = ["submit", "hf://o/m@" + "a" * 40, "https://example.org/m.gguf", "--sha256", "b" * 64]
+
+
+def test_an_importance_matrix_is_submitted_with_its_digest(sent):
+    result = CliRunner().invoke(app, [*BASE, "--imatrix", "https://example.org/imatrix.gguf",
+                                      "--imatrix-sha256", "c" * 64])
+    assert result.exit_code == 0, result.output
+    assert sent[0]["imatrix_uri"] == "https://example.org/imatrix.gguf" and sent[0]["imatrix_sha256"] == "c" * 64
+
+
+def test_without_an_importance_matrix_the_body_has_no_imatrix_fields(sent):
+    assert CliRunner().invoke(app, BASE).exit_code == 0
+    assert not {"imatrix_uri", "imatrix_sha256"} & set(sent[0])
