@@ -215,6 +215,10 @@ def test_reclassify_keeps_other_blockers_and_names_each_systematic_type():
          "35 of 70 blocks; not reproducible with the quantizer we carry")]
     weighted = reclassify(rows, mismatches, 0.5, weighted=True)
     assert codes(weighted) == ["tensor.other_quantizer", "tensor.other_quantizer"]
+    q4_k_weighted, q8_0_weighted = sorted(weighted, key=lambda b: b.why)
+    assert q4_k_weighted.why.endswith("with the importance matrix given; not reproducible with the quantizer we "
+                                      "carry, or the file was quantized with another imatrix")
+    assert q8_0_weighted.why.endswith("35 of 70 blocks; not reproducible with the quantizer we carry")
 
 
 def test_the_quantizer_build_names_the_package_and_ggml(monkeypatch):

@@ -70,6 +70,9 @@ def _why(type_name: str, rows: list[TensorRow], weighted: bool, build: str) -> t
     if not weighted and type_name not in reference.WEIGHT_BLIND:
         return "tensor.not_reproduced", (f"{what}; no importance matrix was given, so they were likely quantized "
                                          "with one (or by another quantizer): supply the imatrix to reproduce them")
+    if weighted and type_name not in reference.WEIGHT_BLIND:
+        return "tensor.other_quantizer", (f"{what} with the importance matrix given; not reproducible with the "
+                                          "quantizer we carry, or the file was quantized with another imatrix")
     return "tensor.other_quantizer", f"{what}; not reproducible with the quantizer we carry"
 
 
