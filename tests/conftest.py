@@ -83,7 +83,7 @@ def imatrix_fixture() -> Path:
 
 @pytest.fixture(scope="session")
 def qwen3() -> Path:
-    return built("tiny-qwen3", "tiny-qwen3-Q8_0.gguf")
+    return built("tiny-qwen3", "tiny-qwen3-F16.gguf")
 
 
 DECODERS = ("llama", "mistral", "qwen2", "qwen3moe", "gemma2", "gemma3", "phi3")

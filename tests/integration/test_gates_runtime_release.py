@@ -75,8 +75,8 @@ def test_llama_cpp_add_bos_false_also_drops_the_automatic_eos(minilm):
     assert 101 not in without and 102 not in without
 
 
-@pytest.mark.coverage(arch="qwen3", types=("F32", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
-@pytest.mark.parametrize("gguf_type", ["F32", "Q8_0"])
+@pytest.mark.coverage(arch="qwen3", types=("F32", "F16", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
+@pytest.mark.parametrize("gguf_type", ["F32", "F16", "Q8_0"])
 def test_qwen3_embedding_fixture_is_go(qwen3, gguf_type):
     report = run_gates(qwen3 / "source", qwen3 / f"tiny-qwen3-{gguf_type}.gguf", {1, 2, 3}, texts=ENGLISH)
     assert report.verdict == "GO", report.blockers
