@@ -26,10 +26,10 @@ POSITIONS = "embeddings.position_embeddings.weight"
 
 @pytest.fixture(scope="module")
 def xlmr_reports(xlm_roberta: Path) -> dict[str, Report]:
-    return {t: run_gates(xlm_roberta / "source", xlm_roberta / f"{t}.gguf", {1, 2}) for t in ("F16", "Q8_0")}
+    return {t: run_gates(xlm_roberta / "source", xlm_roberta / f"{t}.gguf", {1, 2, 3}) for t in ("F16", "Q8_0")}
 
 
-@pytest.mark.coverage(arch=XLMR, types=("F16", "Q8_0"), imatrix=False, proves="GO")
+@pytest.mark.coverage(arch=XLMR, types=("F16", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
 @pytest.mark.parametrize("gguf_type", ["F16", "Q8_0"])
 def test_xlm_roberta_honest_conversion_is_go(xlmr_reports: dict[str, Report], gguf_type: str) -> None:
     report = xlmr_reports[gguf_type]
@@ -108,10 +108,10 @@ RERANKER = "bert (reranker, XLM-RoBERTa)"
 
 @pytest.fixture(scope="module")
 def reranker_reports(bge_reranker: Path) -> dict[str, Report]:
-    return {t: run_gates(bge_reranker / "source", bge_reranker / f"{t}.gguf", {1, 2}) for t in ("F16", "Q8_0")}
+    return {t: run_gates(bge_reranker / "source", bge_reranker / f"{t}.gguf", {1, 2, 3}) for t in ("F16", "Q8_0")}
 
 
-@pytest.mark.coverage(arch=RERANKER, types=("F16", "Q8_0"), imatrix=False, proves="GO")
+@pytest.mark.coverage(arch=RERANKER, types=("F16", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
 @pytest.mark.parametrize("gguf_type", ["F16", "Q8_0"])
 def test_reranker_honest_conversion_is_go_on_relevance_scores(reranker_reports: dict[str, Report],
                                                               gguf_type: str) -> None:
