@@ -12,7 +12,6 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from worker.acceptance import accept_unreproduced
@@ -27,6 +26,7 @@ from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
 from worker.report import FileDigest, GateResult, Report
 from worker.runtime.sentence_config import sentence_config
+from worker.versions import package_version
 
 GATE_NAMES = {1: "storage", 2: "runtime", 3: "release"}
 ALWAYS_NOT_VERIFIED = (
@@ -74,10 +74,7 @@ class LocalInputs:
 def environment() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for package in ENVIRONMENT_PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
+        versions[package] = package_version(package) or "not installed"
     return versions
 
 

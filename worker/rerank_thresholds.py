@@ -12,12 +12,12 @@ under the report's gate-2 details, `relevance.max_abs_diff`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
+from worker.thresholds import round_outward
 
 SCORE_MARGIN = 2.0  # 2x the worst honest absolute score difference (as for the cosine deficit)
 SCORE_FLOOR = 1e-4  # float summation order alone moves a logit by ~1e-6; never hold a class tighter than this
@@ -54,17 +54,12 @@ MEASURED: tuple[HonestScores, ...] = (
 )
 
 
-def _outward(value: float) -> float:
-    scale = 10 ** (math.floor(math.log10(value)) - 1)
-    return float(f"{math.ceil(value / scale) * scale:.2g}")
-
-
 def default_rerank_thresholds() -> dict[PrecisionClass, RerankThresholds]:
     out: dict[PrecisionClass, RerankThresholds] = {}
     previous: float | None = None
     for name in PRECISION_CLASSES:
         worst = [m.max_abs_diff for m in MEASURED if m.precision == name]
-        value = _outward(max(max(worst) * SCORE_MARGIN, SCORE_FLOOR)) if worst else previous
+        value = round_outward(max(max(worst) * SCORE_MARGIN, SCORE_FLOOR), up=True) if worst else previous
         if value is None:
             raise ValueError(f"no honest reranker measured for the finest precision class {name!r}")
         if previous is not None:

@@ -116,7 +116,7 @@ def _worst(precision: PrecisionClass, field: str, lowest: bool) -> float:
     return min(values) if lowest else max(values)
 
 
-def _outward(value: float, up: bool) -> float:
+def round_outward(value: float, up: bool) -> float:
     """Two significant digits, rounded away from strictness (a threshold is never tighter than derived)."""
     if value <= 0:
         return 0.0
@@ -127,13 +127,13 @@ def _outward(value: float, up: bool) -> float:
 def derive(precision: PrecisionClass) -> RuntimeThresholds:
     """Thresholds for one class from `MEASURED` and the margins above."""
     def distance(field: str) -> float:
-        return _outward(max(_worst(precision, field, lowest=False) * DISTANCE_MARGIN, DISTANCE_FLOOR), up=True)
+        return round_outward(max(_worst(precision, field, lowest=False) * DISTANCE_MARGIN, DISTANCE_FLOOR), up=True)
 
     deficit = max(1.0 - _worst(precision, "min_cosine", lowest=True), 0.0) * COSINE_DEFICIT_MARGIN
     return RuntimeThresholds(
-        min_cosine=round(1.0 - _outward(max(deficit, COSINE_DEFICIT_FLOOR), up=True), 12),
+        min_cosine=round(1.0 - round_outward(max(deficit, COSINE_DEFICIT_FLOOR), up=True), 12),
         max_logits_nmse=distance("nmse"), max_kl_mean=distance("kl_mean"), max_kl_p99=distance("kl_p99"),
-        min_top1_agreement=round(_outward(max(_worst(precision, "top1", lowest=True) - TOP1_SLACK, 0.0), up=False),
+        min_top1_agreement=round(round_outward(max(_worst(precision, "top1", lowest=True) - TOP1_SLACK, 0.0), up=False),
                                  12),
     )
 

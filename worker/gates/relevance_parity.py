@@ -125,7 +125,7 @@ class _PairTokenizer(Protocol):
 
 
 class _Classifier(Protocol):
-    def scores(self, ids: list[int]) -> Any: ...
+    def logits(self, ids: list[int]) -> Any: ...
 
 
 class _RankCandidate(Protocol):
@@ -168,7 +168,7 @@ def measure_relevance(hf: _PairTokenizer, model: _Classifier, candidate: _RankCa
     and scores (for gate 3 to find again in the released file)."""
     def reference(query: str, document: str) -> tuple[list[int], float]:
         ids = hf.encode_pair(query, document)
-        return ids, float(model.scores(ids)[0])
+        return ids, float(model.logits(ids)[0])
 
     def scored(query: str, document: str) -> tuple[list[int], float]:
         ids = candidate.pair_tokens(query, document)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import ctypes
 from collections import defaultdict
-from importlib import metadata
 
 from worker.blockers import Blocker
 from worker.errors import ReferenceMissingError
 from worker.quant import libggml, reference
 from worker.report import TensorRow
+from worker.versions import package_version
 
 # Tensors an imatrix file made by llama-imatrix's defaults holds no weights for, so they are quantized
 # without any and reproduce even in an imatrix file: the token embedding (read with get_rows, never
@@ -31,10 +31,7 @@ LISTED_TENSORS = 6
 
 def quantizer_build() -> str:
     """The quantizer we carry: llama-cpp-python's version and its ggml version and commit."""
-    try:
-        package = f"llama-cpp-python {metadata.version('llama-cpp-python')}"
-    except metadata.PackageNotFoundError:
-        package = "llama-cpp-python (not installed)"
+    package = f"llama-cpp-python {package_version('llama-cpp-python') or '(not installed)'}"
     try:
         lib = libggml._lib()
         lib.ggml_version.restype = lib.ggml_commit.restype = ctypes.c_char_p

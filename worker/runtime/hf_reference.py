@@ -16,6 +16,7 @@ import numpy as np
 from worker.errors import ReferenceMissingError, SourceError
 from worker.formats.json_input import parse_json
 from worker.runtime.sentence_config import Pooling
+from worker.versions import package_version
 
 
 class HFTokenizer:
@@ -48,15 +49,6 @@ class HFTokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
-
-
-def _version(package: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
 
 
 def _torch():
@@ -98,7 +90,7 @@ class HFModel:
         config = parse_json((self.source_dir / "config.json").read_bytes(), "config.json")
         config = config if isinstance(config, dict) else {}
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        return (f"transformers {_version('transformers')} cannot build the source model "
+        return (f"transformers {package_version('transformers') or '(not installed)'} cannot build the source model "
                 f"(architectures {config.get('architectures')}, model_type {config.get('model_type')!r}), "
                 f"so gate 2 has no reference: {type(exc).__name__}: {first_line}")
 
@@ -115,9 +107,7 @@ class HFModel:
             return hidden.mean(axis=0)
         return hidden[0] if pooling == "cls" else hidden[-1]
 
-    def scores(self, ids: list[int]) -> np.ndarray:
-        """The classification head's logits for one sequence (a reranker's relevance score)."""
-        return self._forward(ids).logits[0].double().numpy()
-
     def logits(self, ids: list[int]) -> np.ndarray:
+        """The head's logits: per position for a causal LM, per sequence for a classifier (a reranker's
+        relevance score)."""
         return self._forward(ids).logits[0].double().numpy()
