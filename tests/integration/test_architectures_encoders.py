@@ -24,9 +24,14 @@ XLMR = "bert (XLM-RoBERTa)"
 POSITIONS = "embeddings.position_embeddings.weight"
 
 
+def honest_reports(root: Path) -> dict[str, Report]:
+    """One all-gates report per honest conversion (F16, Q8_0) of a fixture folder, shared by a module."""
+    return {t: run_gates(root / "source", root / f"{t}.gguf", {1, 2, 3}) for t in ("F16", "Q8_0")}
+
+
 @pytest.fixture(scope="module")
 def xlmr_reports(xlm_roberta: Path) -> dict[str, Report]:
-    return {t: run_gates(xlm_roberta / "source", xlm_roberta / f"{t}.gguf", {1, 2, 3}) for t in ("F16", "Q8_0")}
+    return honest_reports(xlm_roberta)
 
 
 @pytest.mark.coverage(arch=XLMR, types=("F16", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
@@ -108,7 +113,7 @@ RERANKER = "bert (reranker, XLM-RoBERTa)"
 
 @pytest.fixture(scope="module")
 def reranker_reports(bge_reranker: Path) -> dict[str, Report]:
-    return {t: run_gates(bge_reranker / "source", bge_reranker / f"{t}.gguf", {1, 2, 3}) for t in ("F16", "Q8_0")}
+    return honest_reports(bge_reranker)
 
 
 @pytest.mark.coverage(arch=RERANKER, types=("F16", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")

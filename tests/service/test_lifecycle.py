@@ -60,6 +60,16 @@ def running(factory, verification_id: str, worker: str = "w") -> int:
     return attempt
 
 
+def second_attempt_running(factory, reason: Reason, first_worker: str, second_worker: str) -> tuple[str, int, int]:
+    """A verification whose first attempt ended without a verdict (`reason`) and whose second is running:
+    (id, first attempt, second attempt)."""
+    verification_id = submitted(factory)
+    first = running(factory, verification_id, first_worker)
+    with transaction(factory) as session:
+        repository.end_attempt_without_verdict(session, verification_id, first, reason, "ended")
+    return verification_id, first, running(factory, verification_id, second_worker)
+
+
 def row(factory, verification_id: str) -> Verification:
     with factory() as session:
         verification = repository.get_verification(session, verification_id)
@@ -148,11 +158,7 @@ def test_start_takes_only_the_dispatched_attempt(factory):
 
 
 def test_a_late_pod_of_an_old_attempt_cannot_take_over_a_newer_one(factory):
-    verification_id = submitted(factory)
-    first = running(factory, verification_id, "pod-1")
-    with transaction(factory) as session:
-        repository.end_attempt_without_verdict(session, verification_id, first, Reason.HEARTBEAT_LOST, "lost")
-    second = running(factory, verification_id, "pod-2")
+    verification_id, first, second = second_attempt_running(factory, Reason.HEARTBEAT_LOST, "pod-1", "pod-2")
     with transaction(factory) as session:
         assert repository.start_attempt(session, verification_id, "pod-1-late", attempt=first) is None
         assert not repository.heartbeat(session, verification_id, first, None, worker="pod-1")
@@ -228,11 +234,7 @@ def test_a_replacement_pod_of_the_same_job_takes_over_without_spending_an_attemp
 
 
 def test_a_pod_of_an_older_attempt_never_takes_over_a_running_newer_one(factory):
-    verification_id = submitted(factory)
-    first = running(factory, verification_id, "pod-1-a")
-    with transaction(factory) as session:
-        repository.end_attempt_without_verdict(session, verification_id, first, Reason.JOB_LOST, "deleted")
-    second = running(factory, verification_id, "pod-2-a")
+    verification_id, first, second = second_attempt_running(factory, Reason.JOB_LOST, "pod-1-a", "pod-2-a")
     with transaction(factory) as session:
         assert repository.start_attempt(session, verification_id, "pod-1-b", attempt=first) is None
         assert repository.start_attempt(session, verification_id, "pod-3-a", attempt=second + 1) is None

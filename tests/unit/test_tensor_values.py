@@ -59,8 +59,6 @@ def test_bf16_nan_stays_nan():
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "Q2_K"])
 def test_readers_agree_and_a_corrupted_reader_is_caught(monkeypatch, type_name):
-    if not libggml.available():
-        pytest.skip("libggml (llama-cpp-python) is not installed")
     ggml_type = GGML_TYPES_BY_NAME[type_name]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 256)).astype(np.float32)
