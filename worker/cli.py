@@ -31,6 +31,7 @@ from edge.uri_policy import UriPolicy
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import UsageError
 from worker.policy import load_policy
+from worker.resources import ThreadSettingError, cpu_budget
 from worker.summary import render_summary
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Verify model conversions before they ship.")
@@ -124,6 +125,14 @@ class _ProgressBars:
         self.progress.update(self.tasks[label], completed=done, total=total)
 
 
+def _check_thread_setting() -> None:
+    """A bad CONVGATE_THREADS stops the run before any download, not in the middle of gate 2."""
+    try:
+        cpu_budget()
+    except ThreadSettingError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 @app.command("verify")
 @exits_3_on_internal_error
 def verify_command(
@@ -147,6 +156,7 @@ def verify_command(
     try:
         if kind not in ("auto", "embedding", "causal-lm", "reranker"):
             raise UsageError(f"--kind must be auto, embedding, causal-lm or reranker, not {kind!r}")
+        _check_thread_setting()
         uris = InputUris(source=_check_local(source, "source"), artifact=_check_local(artifact, "artifact"),
                          release_files=tuple(path.resolve().as_uri() for path in release or ()),
                          imatrix=_check_local(imatrix, "imatrix") if imatrix is not None else None)

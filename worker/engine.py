@@ -25,6 +25,7 @@ from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
 from worker.report import FileDigest, GateResult, Report
+from worker.resources import cpu_budget
 from worker.runtime.sentence_config import sentence_config
 from worker.versions import package_version
 
@@ -75,6 +76,7 @@ def environment() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for package in ENVIRONMENT_PACKAGES:
         versions[package] = package_version(package) or "not installed"
+    versions["threads"] = str(cpu_budget())  # every thread pool's size: the pod's CPU limit or CONVGATE_THREADS
     return versions
 
 

@@ -137,3 +137,21 @@ def test_gate1_streams_within_memory_budget(minilm, tmp_path):
                                "--artifact", str(minilm / "minilm-F32.gguf"), "--gates", "1"], tmp_path)
     assert code == 0
     assert 0 < peak < RSS_BUDGET_MIB, f"peak RSS {peak:.0f} MiB"
+
+
+def test_a_bad_thread_setting_stops_before_any_work(minilm):
+    env = {**os.environ, "CONVGATE_THREADS": "all"}
+    command = [*CONVGATE, "verify", "--source", str(minilm / "source"), "--artifact",
+               str(minilm / "minilm-F16.gguf"), "--gates", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=env)
+    assert result.returncode == 2
+    assert "CONVGATE_THREADS must be a positive integer" in result.stderr
+
+
+def test_the_report_names_the_thread_budget(minilm):
+    env = {**os.environ, "CONVGATE_THREADS": "1"}
+    command = [*CONVGATE, "verify", "--source", str(minilm / "source"), "--artifact",
+               str(minilm / "minilm-F16.gguf"), "--gates", "1", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.rsplit("\n", 2)[0])["environment"]["threads"] == "1"

@@ -10,21 +10,20 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 from worker.blockers import Blocker
-from worker.errors import ReferenceMissingError, SourceError, UnsupportedTypeError
+from worker.errors import SourceError
 from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
 from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for, supported
-from worker.gates.inventory import Pairing, take_inventory
+from worker.gates.inventory import take_inventory
 from worker.gates.metadata_check import check_metadata
 from worker.gates.systematic import reclassify
-from worker.gates.tensor_values import check_tensor
+from worker.gates.value_checks import check_values, pool_size
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
-from worker.quant.imatrix import ImatrixError, ImportanceMatrix
+from worker.quant.imatrix import ImportanceMatrix
 from worker.report import FileDigest, GateResult, TensorRow
+from worker.resources import cpu_budget
 
 UNCHECKED_SHOWN = 40  # tensor names an unsupported-architecture blocker lists; the details hold them all
 
@@ -74,38 +73,6 @@ def _unmapped(arch_name: str, layout: GGUFLayout) -> Blocker:
     return Blocker(code="metadata.unsupported_architecture", gate="storage", why=why)
 
 
-def _check_values(artifact: Path, layout: GGUFLayout, pairs: tuple[Pairing, ...], policy: Policy,
-                  progress: Progress, imatrix: ImportanceMatrix | None) -> tuple[list[TensorRow], list[Blocker], int]:
-    """Every paired tensor's values, streamed from a memory map: (rows, blockers, tensors the imatrix weighed)."""
-    rows: list[TensorRow] = []
-    blockers: list[Blocker] = []
-    file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
-    weighted = 0
-    for done, pair in enumerate(pairs):
-        progress("storage", done, len(pairs))
-        info = layout.tensor(pair.gguf_name)
-        try:
-            weights = imatrix.weights_for(info.name, info.shape) if imatrix and info.ggml_type.quantized else None
-            weighted += weights is not None
-            row, tensor_blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy,
-                                                quant_weights=weights)
-        except ImatrixError as exc:
-            blockers.append(Blocker(code=exc.code, gate="storage", why=exc.why, tensor=info.name))
-            continue
-        except ReferenceMissingError as exc:
-            blockers.append(Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
-                                    tensor=info.name))
-            continue
-        except UnsupportedTypeError as exc:
-            blockers.append(Blocker(code="tensor.type_unsupported", gate="storage", why=str(exc), tensor=info.name))
-            continue
-        rows.append(row)
-        blockers.extend(tensor_blockers)
-    progress("storage", len(pairs), len(pairs))
-    del file_bytes
-    return rows, blockers, weighted
-
-
 def run_storage_gate(
     artifact: Path, layout: GGUFLayout, source: SourceModel, policy: Policy, progress: Progress = no_progress, *,
     imatrix: ImportanceMatrix | None = None, imatrix_file: FileDigest | None = None,
@@ -126,7 +93,9 @@ def run_storage_gate(
         # garbled (types are checked when the source is opened; presence depends on the architecture).
         why = f"config.json cannot give what {arch_name} needs: {type(exc).__name__} {str(exc)[:80]}"
         return _failed(started, [Blocker(code="source.bad_config", gate="input", why=why)])
-    rows, value_blockers, weighted = _check_values(artifact, layout, inventory.pairs, policy, progress, imatrix)
+    processes = pool_size(layout, inventory.pairs, cpu_budget())
+    rows, value_blockers, weighted = check_values(artifact, layout, source.root, inventory.pairs, policy, progress,
+                                                  imatrix, processes=processes)
     blockers = list(inventory.blockers) + metadata.blockers + value_blockers
     blockers = reclassify(rows, blockers, policy.systematic_fraction, weighted=imatrix is not None)
     details = {

@@ -51,9 +51,11 @@ class _Accumulator:
         diff = expected[finite].astype(np.float64) - stored[finite].astype(np.float64)
         if diff.size:
             self.max_abs = max(self.max_abs, float(np.abs(diff).max()))
-        self.sum_sq_diff += float(np.dot(diff, diff))
+        # einsum, not np.dot: BLAS splits a long dot product by its thread count, so the last bits
+        # would depend on the pod's CPUs and gate 1's report would differ between pool and single process.
+        self.sum_sq_diff += float(np.einsum("i,i->", diff, diff))
         ref = expected[finite].astype(np.float64)
-        self.sum_sq_ref += float(np.dot(ref, ref))
+        self.sum_sq_ref += float(np.einsum("i,i->", ref, ref))
         zeros = (expected == 0) & (stored == 0)
         self.signed_zero_flips += int((np.signbit(expected[zeros]) != np.signbit(stored[zeros])).sum())
 

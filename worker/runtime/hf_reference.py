@@ -7,6 +7,7 @@ Library errors are translated into `ReferenceMissingError` here, at the boundary
 
 from __future__ import annotations
 
+import contextlib
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 
 from worker.errors import ReferenceMissingError, SourceError
 from worker.formats.json_input import parse_json
+from worker.resources import cpu_budget, limit_native_threads
 from worker.runtime.sentence_config import Pooling
 from worker.versions import package_version
 
@@ -59,6 +61,15 @@ def _torch():
     return torch
 
 
+def _size_thread_pools(torch: Any) -> None:
+    """torch's intra-op pool, OpenMP and BLAS to the pod's CPU budget; the inter-op pool can only be
+    sized before torch first uses it, so a later call leaves it as it is."""
+    threads = cpu_budget()
+    limit_native_threads(threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(threads)
+
+
 class HFModel:
     """transformers on CPU; the same object serves embeddings (base model), logits (causal LM) or
     relevance scores (a sequence-classification head, `classifier=True`)."""
@@ -77,7 +88,7 @@ class HFModel:
             raise ReferenceMissingError("transformers is not installed") from exc
         loader = AutoModelForSequenceClassification if self.classifier else (
             AutoModelForCausalLM if self.causal else AutoModel)
-        torch.set_num_threads(max(torch.get_num_threads(), 1))
+        _size_thread_pools(torch)
         try:
             model = loader.from_pretrained(self.source_dir, dtype=torch.float32, use_safetensors=True)
         except ImportError as exc:

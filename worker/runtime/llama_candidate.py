@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from worker.errors import ConvgateError, ReferenceMissingError
+from worker.resources import cpu_budget
 
 
 class CandidateLoadError(ConvgateError):
@@ -29,10 +30,11 @@ class LlamaCandidate:
         except ImportError as exc:
             raise ReferenceMissingError("llama-cpp-python is not installed") from exc
         pooling: dict[str, Any] = {"pooling_type": LLAMA_POOLING_RANK} if rank else {}
+        threads = cpu_budget()  # llama-cpp-python's default is the host's CPU count, not the pod's limit
         try:
             self.llm: Any = Llama(
                 str(path), embedding=embedding or rank, logits_all=not (embedding or rank), n_ctx=n_ctx,
-                n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, n_threads=None, **pooling,
+                n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, n_threads=threads, n_threads_batch=threads, **pooling,
             )
         except (ValueError, RuntimeError) as exc:
             raise CandidateLoadError(f"llama.cpp cannot load {path.name}: {exc}") from exc

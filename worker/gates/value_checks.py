@@ -1,0 +1,153 @@
+"""Gate 1's per-tensor value checks, in this process or spread over a pool of processes.
+
+Re-quantizing a K-quant tensor through libggml runs at ~9 M weights/s on one core, so a 7B model
+would take 13 minutes on a pod that may have 8 CPUs. Each pool process reopens the artifact's memory
+map, the source and the inventory itself (nothing large crosses a pipe: a tensor's row and blockers
+come back), tensors are handed out largest first so the pool finishes together, and results are put
+back in inventory order: the report is the same whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from worker.blockers import Blocker
+from worker.errors import ReferenceMissingError, UnsupportedTypeError
+from worker.formats.gguf_structure import GGUFLayout, read_layout
+from worker.formats.source import open_source
+from worker.gates.architectures import architecture_for
+from worker.gates.inventory import Pairing, take_inventory
+from worker.gates.tensor_values import check_tensor
+from worker.policy import Policy
+from worker.progress import Progress
+from worker.quant.imatrix import ImatrixError, ImportanceMatrix
+from worker.report import TensorRow
+
+# Below this many weights a pool costs more (a fresh interpreter per process, ~1 s) than it saves.
+PARALLEL_MIN_WEIGHTS = 32_000_000
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One tensor's outcome: its row (None when it could not be compared) and blockers."""
+
+    row: TensorRow | None
+    blockers: list[Blocker]
+    weighted: bool
+
+
+@dataclass(frozen=True)
+class ValueJob:
+    """What a pool process needs to rebuild the same pairs the parent has (all picklable)."""
+
+    artifact: Path
+    source_root: Path
+    policy: Policy
+    imatrix: ImportanceMatrix | None
+    pair_names: tuple[str, ...]
+
+
+def check_one(file_bytes: np.ndarray, layout: GGUFLayout, pair: Pairing, policy: Policy,
+              imatrix: ImportanceMatrix | None) -> Checked:
+    """One paired tensor; errors that concern only this tensor become its blockers."""
+    info = layout.tensor(pair.gguf_name)
+    try:
+        weights = imatrix.weights_for(info.name, info.shape) if imatrix and info.ggml_type.quantized else None
+        row, blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy, quant_weights=weights)
+    except ImatrixError as exc:
+        return Checked(None, [Blocker(code=exc.code, gate="storage", why=exc.why, tensor=info.name)], False)
+    except ReferenceMissingError as exc:
+        return Checked(None, [Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
+                                      tensor=info.name)], False)
+    except UnsupportedTypeError as exc:
+        return Checked(None, [Blocker(code="tensor.type_unsupported", gate="storage", why=str(exc),
+                                      tensor=info.name)], False)
+    return Checked(row, blockers, weights is not None)
+
+
+class _Worker:
+    """A pool process's own view of the job, built once by `_start`."""
+
+    file_bytes: np.ndarray
+    layout: GGUFLayout
+    pairs: tuple[Pairing, ...]
+    job: ValueJob
+
+
+_worker = _Worker()
+
+
+def _start(job: ValueJob) -> None:
+    from worker.resources import limit_native_threads
+
+    limit_native_threads(1)  # one process per CPU already; a BLAS pool inside each would oversubscribe
+    layout = read_layout(job.artifact)
+    source = open_source(job.source_root)
+    arch = architecture_for(str(layout.metadata.get("general.architecture", "")), source.config)
+    if arch is None:
+        raise RuntimeError("the pool process found no architecture map the parent had")
+    pairs = take_inventory(arch, layout, source).pairs
+    if tuple(pair.gguf_name for pair in pairs) != job.pair_names:
+        raise RuntimeError("the pool process paired the tensors differently from the parent")
+    _worker.file_bytes = np.memmap(job.artifact, dtype=np.uint8, mode="r")
+    _worker.layout, _worker.pairs, _worker.job = layout, pairs, job
+
+
+def _check_index(index: int) -> tuple[int, Checked]:
+    pair = _worker.pairs[index]
+    return index, check_one(_worker.file_bytes, _worker.layout, pair, _worker.job.policy, _worker.job.imatrix)
+
+
+def _weights(layout: GGUFLayout, pair: Pairing) -> int:
+    return math.prod(layout.tensor(pair.gguf_name).shape)
+
+
+def pool_size(layout: GGUFLayout, pairs: tuple[Pairing, ...], cpus: int) -> int:
+    """Processes worth starting: one per CPU, none for a model too small to repay their start."""
+    if cpus <= 1 or len(pairs) <= 1 or sum(_weights(layout, pair) for pair in pairs) < PARALLEL_MIN_WEIGHTS:
+        return 1
+    return min(cpus, len(pairs))
+
+
+def _in_pool(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...],
+             processes: int) -> Iterator[tuple[int, Checked]]:
+    """(index, outcome) of every pair, largest tensors first, from `processes` spawned interpreters."""
+    largest_first = sorted(range(len(pairs)), key=lambda i: (-_weights(layout, pairs[i]), i))
+    context = multiprocessing.get_context("spawn")  # no fork: the parent may hold torch or llama.cpp threads
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_start, initargs=(job,)) as pool:
+        yield from pool.map(_check_index, largest_first)
+
+
+def _here(artifact: Path, layout: GGUFLayout, pairs: tuple[Pairing, ...], policy: Policy,
+          imatrix: ImportanceMatrix | None) -> Iterator[tuple[int, Checked]]:
+    file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
+    for index, pair in enumerate(pairs):
+        yield index, check_one(file_bytes, layout, pair, policy, imatrix)
+
+
+def check_values(artifact: Path, layout: GGUFLayout, source_root: Path, pairs: tuple[Pairing, ...], policy: Policy,
+                 progress: Progress, imatrix: ImportanceMatrix | None, *, processes: int = 1,
+                 ) -> tuple[list[TensorRow], list[Blocker], int]:
+    """Every paired tensor's values: (rows, blockers, tensors the imatrix weighed), merged in inventory
+    order whatever order the processes finished in."""
+    if processes > 1:
+        job = ValueJob(artifact, source_root, policy, imatrix, tuple(pair.gguf_name for pair in pairs))
+        outcomes = _in_pool(job, layout, pairs, processes)
+    else:
+        outcomes = _here(artifact, layout, pairs, policy, imatrix)
+    found: dict[int, Checked] = {}
+    progress("storage", 0, len(pairs))
+    for index, checked in outcomes:
+        found[index] = checked
+        progress("storage", len(found), len(pairs))
+    ordered = [found[index] for index in range(len(pairs))]
+    rows = [checked.row for checked in ordered if checked.row is not None]
+    blockers = [blocker for checked in ordered for blocker in checked.blockers]
+    return rows, blockers, sum(checked.weighted for checked in ordered)
