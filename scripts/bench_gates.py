@@ -62,27 +62,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixtures", type=Path, default=Path(".fixtures"))
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="one fixture, the full run only (the suite's check)")
     args = parser.parse_args()
+    runs_of = (("gates 1,2,3", "1,2,3"),) if args.smoke else (
+        ("gates 1,2,3", "1,2,3"), ("gate 1", "1"), ("gate 2", "2"), ("gate 3", "3"))
+    repeat = 1 if args.smoke else args.repeat
     minilm, qwen3 = args.fixtures / "minilm", args.fixtures / "tiny-qwen3"
     cases = [("minilm F16", minilm / "source", minilm / "minilm-F16.gguf"),
-             ("qwen3 F32", qwen3 / "source", qwen3 / "tiny-qwen3-F32.gguf")]
+             ("qwen3 F32", qwen3 / "source", qwen3 / "tiny-qwen3-F32.gguf")][: 1 if args.smoke else None]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(TEXTS) + "\n")
     texts = Path(handle.name)
-    print(f"convgate verify, {len(TEXTS)} English texts, best of {args.repeat}")
+    print(f"convgate verify, {len(TEXTS)} English texts, best of {repeat}")
     print(f"{'fixture':<12}{'run':<14}{'wall s':>8}{'peak MiB':>10}  gate seconds (from the report)")
     for name, source, artifact in cases:
-        for label, gates in (("gates 1,2,3", "1,2,3"), ("gate 1", "1"), ("gate 2", "2"), ("gate 3", "3")):
-            runs = [verify(source, artifact, gates, texts) for _ in range(args.repeat)]
+        for label, gates in runs_of:
+            runs = [verify(source, artifact, gates, texts) for _ in range(repeat)]
             wall = min(r[0] for r in runs)
             rss = max(r[1] for r in runs)
             report = runs[0][2]
             per_gate = ", ".join(f"{gate} {result['seconds']:.2f}" for gate, result in report["gates"].items())
             print(f"{name:<12}{label:<14}{wall:>8.2f}{rss:>10.0f}  {per_gate}  [{report['verdict']}]")
         base = [run([sys.executable, "-c", BASELINE, str(source), str(artifact), json.dumps(TEXTS)])
-                for _ in range(args.repeat)]
+                for _ in range(repeat)]
         base_wall, base_rss = min(b[0] for b in base), max(b[1] for b in base)
-        full_wall = min(verify(source, artifact, "1,2,3", texts)[0] for _ in range(args.repeat))
+        full_wall = min(verify(source, artifact, "1,2,3", texts)[0] for _ in range(repeat))
         print(f"{name:<12}{'baseline':<14}{base_wall:>8.2f}{base_rss:>10.0f}  (load both runtimes, embed once)"
               f"  -> full verify / baseline = {full_wall / base_wall:.2f}x")
     texts.unlink()
