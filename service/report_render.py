@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-POLICY_KEYS = ("token_ids_exact", "require_top1_equal", "reproduce_quantized", "tie_ulps")
+POLICY_KEYS = ("token_ids_exact", "require_top1_equal", "reproduce_quantized", "reproduce_sample", "tie_ulps")
 
 
 def _gate_lines(report: dict[str, Any]) -> list[str]:

@@ -146,6 +146,15 @@ def _load_imatrix(run: _Run, request: VerifyRequest, inputs: LocalInputs) -> Imp
     return matrix
 
 
+def sampled_note(sample: dict) -> str:
+    """The not-verified line of a sampled gate 1: what was skipped and what the sample can promise."""
+    one = sample["detection_probability"]["1"]
+    ten = sample["detection_probability"]["10"]
+    return (f"K-quant super-blocks re-quantized on a sample: {sample['super_blocks_reproduced']} of "
+            f"{sample['super_blocks_total']} (fraction {sample['fraction']}, seed sha256 {sample['seed'][:16]}...); "
+            f"a single corrupted super-block is caught with probability {one:.3g}, ten with {ten:.3g}")
+
+
 def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress = no_progress) -> Report:
     """Run the requested gates on local files. GO needs zero blockers and every requested gate to have run."""
     run = _Run(request)
@@ -178,8 +187,10 @@ def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress
         return run.report(policy)
     if 1 in request.gates:
         storage, blockers = run_storage_gate(artifact, layout, source, policy, progress, imatrix=imatrix,
-                                             imatrix_file=run.imatrix)
+                                             imatrix_file=run.imatrix, sample_seed=sha)
         run.record(storage, blockers)
+        if sample := storage.details.get("sampling"):
+            run.not_verified.append(sampled_note(sample))
         run.not_verified.extend(storage.details.get("metadata_not_verified", []))
     measured: RuntimeMeasurements | None = None
     if 2 in request.gates:

@@ -26,12 +26,16 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: str = "2026.11-3"
+    version: str = "2026.11-4"
     # gate 1
     reproduce_quantized: bool = Field(
         True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
     )
     tie_ulps: int = Field(4, ge=0, le=16, description="max ulps a source value may sit from a rounding tie")
+    reproduce_sample: float = Field(
+        1.0, gt=0.0, le=1.0, description="share of K-quant super-blocks re-quantized, drawn from the artifact's "
+        "sha256 (1 = every block; below 1, a single corrupted block is caught with this probability)",
+    )
     reader_crosscheck_rows: int = Field(
         4, ge=2, le=64, description="rows per tensor dequantized by both readers"
     )

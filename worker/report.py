@@ -35,6 +35,7 @@ class TensorRow(BaseModel):
     bound_violations: int | None = None
     reader_crosscheck: Literal["agree", "disagree"] | None = None
     blocks: int | None = None  # quantized: blocks compared (`mismatched` counts blocks then)
+    sampled_from: int | None = None  # reproduction sampled `blocks` of this many (policy reproduce_sample)
     not_reproduced: str | None = None  # why a tensor the policy wanted reproduced could not be
     result: Literal["ok", "fail"]
 

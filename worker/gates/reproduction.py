@@ -73,29 +73,56 @@ class ChunkReproduction:
     precision: str
     mismatched: int
     ties: int
+    compared: int  # blocks re-quantized: all of the chunk's, or its sampled ones
+
+
+def _quantize_blocks(candidate_input: np.ndarray, info: TensorInfo, weights: np.ndarray | None,
+                     picks: np.ndarray) -> np.ndarray:
+    """Re-quantize only the chunk's blocks `picks` (flat indices), each block as a row of its own, with
+    its own columns' importance weights: what a K-quant writes for a block depends on nothing else."""
+    ggml_type = info.ggml_type
+    size = ggml_type.block_size
+    blocks = candidate_input.reshape(-1, size)
+    if weights is None:
+        return reference.quantize(blocks[picks], ggml_type).reshape(-1, ggml_type.type_size)
+    out = np.empty((picks.size, ggml_type.type_size), dtype=np.uint8)
+    column = picks % (candidate_input.shape[1] // size)
+    for block in np.unique(column):
+        mine = column == block
+        out[mine] = reference.quantize(blocks[picks[mine]], ggml_type,
+                                       quant_weights=weights[block * size:(block + 1) * size]
+                                       ).reshape(-1, ggml_type.type_size)
+    return out
 
 
 def reproduce_chunk(x: np.ndarray, raw: np.ndarray, info: TensorInfo, tie_ulps: int,
-                    weights: np.ndarray | None) -> ChunkReproduction:
-    """Re-quantize source rows `x` (at each input precision) and count the blocks that differ from `raw`."""
+                    weights: np.ndarray | None, sample: np.ndarray | None = None) -> ChunkReproduction:
+    """Re-quantize source rows `x` (at each input precision) and count the blocks that differ from `raw`;
+    with `sample` ([block] bools over the chunk), only the sampled blocks."""
     ggml_type = info.ggml_type
     raw_blocks = raw.reshape(-1, ggml_type.type_size)
+    picks = None if sample is None else np.nonzero(sample)[0]
+    compared = raw_blocks.shape[0] if picks is None else int(picks.size)
     best: tuple[str, np.ndarray, np.ndarray] | None = None
     for precision in INPUT_PRECISIONS:
         candidate_input = round_input(x, precision)
-        ours = reference.quantize(candidate_input, ggml_type, quant_weights=weights).reshape(-1, ggml_type.type_size)
-        differing = np.nonzero((ours != raw_blocks).any(axis=1))[0]
+        if picks is None:
+            ours = reference.quantize(candidate_input, ggml_type, quant_weights=weights)
+            differing = np.nonzero((ours.reshape(-1, ggml_type.type_size) != raw_blocks).any(axis=1))[0]
+        else:
+            ours = _quantize_blocks(candidate_input, info, weights, picks)
+            differing = picks[(ours != raw_blocks[picks]).any(axis=1)]
         if best is None or differing.size < best[2].size:
             best = (precision, candidate_input, differing)
         if differing.size == 0:
             break
     assert best is not None
     precision, candidate_input, differing = best
-    if differing.size > TIE_SEARCH_MAX_FRACTION * raw_blocks.shape[0] + 1:
-        return ChunkReproduction(precision, int(differing.size), 0)
+    if differing.size > TIE_SEARCH_MAX_FRACTION * compared + 1:
+        return ChunkReproduction(precision, int(differing.size), 0, compared)
     blocks_per_row = raw.shape[1] // ggml_type.type_size
     ties = 0
     for index in differing:
         row, block = divmod(int(index), blocks_per_row)
         ties += _is_rounding_tie(candidate_input[row], raw[row], info, tie_ulps, weights, block)
-    return ChunkReproduction(precision, int(differing.size) - ties, ties)
+    return ChunkReproduction(precision, int(differing.size) - ties, ties, compared)

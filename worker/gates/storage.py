@@ -22,6 +22,7 @@ from worker.gates.value_checks import check_values, pool_size
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImportanceMatrix
+from worker.quant.sampling import sampling_details
 from worker.report import FileDigest, GateResult, TensorRow
 from worker.resources import cpu_budget
 
@@ -63,6 +64,15 @@ def _imatrix_details(imatrix: ImportanceMatrix | None, file: FileDigest | None, 
             "entries": len(imatrix.entries), "datasets": list(imatrix.datasets), "tensors_weighted": weighted}
 
 
+def _sampling(rows: list[TensorRow], policy: Policy, seed: str | None) -> dict[str, object] | None:
+    """The declared sample, when K-quant reproduction was sampled: fraction, seed, detection probability."""
+    sampled_rows = [row for row in rows if row.sampled_from is not None]
+    if not sampled_rows or seed is None:
+        return None
+    return sampling_details(policy.reproduce_sample, seed, sum(row.blocks or 0 for row in sampled_rows),
+                            sum(row.sampled_from or 0 for row in sampled_rows))
+
+
 def _unmapped(arch_name: str, layout: GGUFLayout) -> Blocker:
     """An architecture without a map is never GO: the blocker names it and every tensor nobody checked."""
     names = [info.name for info in layout.tensors]
@@ -75,10 +85,11 @@ def _unmapped(arch_name: str, layout: GGUFLayout) -> Blocker:
 
 def run_storage_gate(
     artifact: Path, layout: GGUFLayout, source: SourceModel, policy: Policy, progress: Progress = no_progress, *,
-    imatrix: ImportanceMatrix | None = None, imatrix_file: FileDigest | None = None,
+    imatrix: ImportanceMatrix | None = None, imatrix_file: FileDigest | None = None, sample_seed: str | None = None,
 ) -> tuple[GateResult, list[Blocker]]:
     """Inventory, metadata and every tensor's values; structure and source were validated by the caller.
-    Quantized tensors are re-quantized with `imatrix`'s weights where it has an entry, as llama-quantize does."""
+    Quantized tensors are re-quantized with `imatrix`'s weights where it has an entry, as llama-quantize does;
+    `sample_seed` (the artifact's sha256) draws the K-quant super-blocks a sampling policy re-quantizes."""
     started = time.perf_counter()
     arch_name = str(layout.metadata.get("general.architecture", ""))
     arch = architecture_for(arch_name, source.config)
@@ -95,7 +106,7 @@ def run_storage_gate(
         return _failed(started, [Blocker(code="source.bad_config", gate="input", why=why)])
     processes = pool_size(layout, inventory.pairs, cpu_budget())
     rows, value_blockers, weighted = check_values(artifact, layout, source.root, inventory.pairs, policy, progress,
-                                                  imatrix, processes=processes)
+                                                  imatrix, processes=processes, sample_seed=sample_seed)
     blockers = list(inventory.blockers) + metadata.blockers + value_blockers
     blockers = reclassify(rows, blockers, policy.systematic_fraction, weighted=imatrix is not None)
     details = {
@@ -110,6 +121,7 @@ def run_storage_gate(
         "metadata_not_verified": metadata.not_verified,
         "tensors": [row.model_dump() for row in rows],
         "imatrix": _imatrix_details(imatrix, imatrix_file, weighted),
+        "sampling": _sampling(rows, policy, sample_seed),
     }
     status = "failed" if blockers else "passed"
     if not rows:

@@ -23,6 +23,7 @@ from worker.gates.architectures import RowTransform, TensorSource
 from worker.gates.reproduction import INPUT_PRECISIONS, f32_to_bf16_bits, reproduce_chunk, round_input
 from worker.policy import Policy
 from worker.quant import bounds, libggml, reference
+from worker.quant.sampling import block_sample, sampled
 from worker.report import TensorRow
 
 __all__ = ["check_kind", "check_tensor", "f32_to_bf16_bits", "readers_agree"]
@@ -41,7 +42,8 @@ class _Accumulator:
     not_finite: int = 0
     signed_zero_flips: int = 0
     ties: int = 0
-    blocks: int = 0
+    blocks: int = 0  # blocks compared: every block, or only the sampled ones when reproduction samples
+    blocks_total: int = 0
     precisions: set[str] = field(default_factory=set)
     violations_by_precision: dict[str, int] = field(default_factory=dict)
 
@@ -106,17 +108,20 @@ def _bound_chunk(acc: _Accumulator, x: np.ndarray, raw: np.ndarray, stored: np.n
 
 
 def _quantized_chunk(acc: _Accumulator, x: np.ndarray, raw: np.ndarray, info: TensorInfo, policy: Policy,
-                     weights: np.ndarray | None) -> None:
+                     weights: np.ndarray | None, sample: np.ndarray | None = None) -> None:
     """Reproduce first; the bound is checked wherever the bytes are not the reference quantizer's own
     (a reproduced chunk *is* that quantizer's output, so reading every representable value of every
     block, the costly nearest-code bound, would add nothing there)."""
     ggml_type = info.ggml_type
     stored = reference.dequantize(raw, ggml_type)
     acc.add_values(x, stored)
-    acc.blocks += raw.size // ggml_type.type_size
+    acc.blocks_total += raw.size // ggml_type.type_size
     reproduced = False
-    if check_kind(info, policy, weights is not None) == "reproduced":
-        outcome = reproduce_chunk(x, raw, info, policy.tie_ulps, weights)
+    if check_kind(info, policy, weights is not None) != "reproduced":
+        acc.blocks += raw.size // ggml_type.type_size
+    else:
+        outcome = reproduce_chunk(x, raw, info, policy.tie_ulps, weights, sample)
+        acc.blocks += outcome.compared
         acc.precisions.add(outcome.precision)
         acc.mismatched += outcome.mismatched
         acc.ties += outcome.ties
@@ -174,7 +179,7 @@ def _matrix_weights(quant_weights: np.ndarray | None, info: TensorInfo, n_rows: 
 
 
 def _compare(raw_rows: np.ndarray, info: TensorInfo, source: TensorSource, transform: RowTransform | None,
-             policy: Policy, quant_weights: np.ndarray | None = None) -> _Accumulator:
+             policy: Policy, quant_weights: np.ndarray | None = None, sample: np.ndarray | None = None) -> _Accumulator:
     """Stream the tensor in row chunks (source rows reordered by the transform) into one accumulator.
 
     Chunks never cross a matrix boundary, so each is quantized with its own matrix's weights.
@@ -184,6 +189,7 @@ def _compare(raw_rows: np.ndarray, info: TensorInfo, source: TensorSource, trans
     n_rows = raw_rows.shape[0]
     rows_per_matrix, weights = _matrix_weights(quant_weights, info, n_rows)
     step = max(1, CHUNK_ELEMENTS // max(info.shape[0], 1))
+    blocks_per_row = info.shape[0] // info.ggml_type.block_size if info.ggml_type.quantized else 0
     for matrix_start in range(0, n_rows, rows_per_matrix):
         matrix_stop = min(matrix_start + rows_per_matrix, n_rows)
         matrix_weights = None if weights is None else weights[matrix_start // rows_per_matrix]
@@ -193,7 +199,8 @@ def _compare(raw_rows: np.ndarray, info: TensorInfo, source: TensorSource, trans
             x = source.widen(source_rows[selection])
             chunk = np.ascontiguousarray(raw_rows[start:stop])
             if info.ggml_type.quantized:
-                _quantized_chunk(acc, x, chunk, info, policy, matrix_weights)
+                chunk_sample = None if sample is None else sample[start * blocks_per_row:stop * blocks_per_row]
+                _quantized_chunk(acc, x, chunk, info, policy, matrix_weights, chunk_sample)
             else:
                 _float_chunk(acc, x, chunk, info.ggml_type.name)
     return acc
@@ -232,6 +239,7 @@ def check_tensor(
     policy: Policy,
     *,
     quant_weights: np.ndarray | None = None,
+    sample_seed: str | None = None,
 ) -> tuple[TensorRow, list[Blocker]]:
     """Compare one GGUF tensor with its source; returns its report row and any blockers.
 
@@ -245,8 +253,12 @@ def check_tensor(
     n_rows = info.n_elements // row_len if row_len else 0
     raw_rows = file_bytes[info.offset : info.offset + info.nbytes].reshape(n_rows, ggml_type.row_bytes(row_len))
     weighted = quant_weights is not None and ggml_type.quantized
-    acc = _compare(raw_rows, info, source, transform, policy, quant_weights if weighted else None)
     check = check_kind(info, policy, weighted)
+    sample = None
+    if check == "reproduced" and sample_seed is not None and sampled(ggml_type.name, policy.reproduce_sample):
+        sample = block_sample(sample_seed, info.name, n_rows * (row_len // ggml_type.block_size),
+                              policy.reproduce_sample)
+    acc = _compare(raw_rows, info, source, transform, policy, quant_weights if weighted else None, sample)
     crosscheck = None
     if ggml_type.quantized:
         agree = readers_agree(raw_rows, info, n_rows, policy.reader_crosscheck_rows)
@@ -263,6 +275,7 @@ def check_tensor(
         signed_zero_flips=acc.signed_zero_flips, bound=bound,
         bound_violations=acc.bound_violations if bound else None, reader_crosscheck=crosscheck,
         blocks=acc.blocks if ggml_type.quantized else None, not_reproduced=unreproduced,
+        sampled_from=acc.blocks_total if sample is not None else None,
         result="fail" if blockers else "ok",
     )
     return row, blockers

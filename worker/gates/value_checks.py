@@ -52,15 +52,17 @@ class ValueJob:
     policy: Policy
     imatrix: ImportanceMatrix | None
     pair_names: tuple[str, ...]
+    sample_seed: str | None
 
 
 def check_one(file_bytes: np.ndarray, layout: GGUFLayout, pair: Pairing, policy: Policy,
-              imatrix: ImportanceMatrix | None) -> Checked:
+              imatrix: ImportanceMatrix | None, sample_seed: str | None = None) -> Checked:
     """One paired tensor; errors that concern only this tensor become its blockers."""
     info = layout.tensor(pair.gguf_name)
     try:
         weights = imatrix.weights_for(info.name, info.shape) if imatrix and info.ggml_type.quantized else None
-        row, blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy, quant_weights=weights)
+        row, blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy, quant_weights=weights,
+                                     sample_seed=sample_seed)
     except ImatrixError as exc:
         return Checked(None, [Blocker(code=exc.code, gate="storage", why=exc.why, tensor=info.name)], False)
     except ReferenceMissingError as exc:
@@ -102,7 +104,8 @@ def _start(job: ValueJob) -> None:
 
 def _check_index(index: int) -> tuple[int, Checked]:
     pair = _worker.pairs[index]
-    return index, check_one(_worker.file_bytes, _worker.layout, pair, _worker.job.policy, _worker.job.imatrix)
+    job = _worker.job
+    return index, check_one(_worker.file_bytes, _worker.layout, pair, job.policy, job.imatrix, job.sample_seed)
 
 
 def _weights(layout: GGUFLayout, pair: Pairing) -> int:
@@ -125,23 +128,19 @@ def _in_pool(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...],
         yield from pool.map(_check_index, largest_first)
 
 
-def _here(artifact: Path, layout: GGUFLayout, pairs: tuple[Pairing, ...], policy: Policy,
-          imatrix: ImportanceMatrix | None) -> Iterator[tuple[int, Checked]]:
-    file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
+def _here(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...]) -> Iterator[tuple[int, Checked]]:
+    file_bytes = np.memmap(job.artifact, dtype=np.uint8, mode="r")
     for index, pair in enumerate(pairs):
-        yield index, check_one(file_bytes, layout, pair, policy, imatrix)
+        yield index, check_one(file_bytes, layout, pair, job.policy, job.imatrix, job.sample_seed)
 
 
 def check_values(artifact: Path, layout: GGUFLayout, source_root: Path, pairs: tuple[Pairing, ...], policy: Policy,
                  progress: Progress, imatrix: ImportanceMatrix | None, *, processes: int = 1,
-                 ) -> tuple[list[TensorRow], list[Blocker], int]:
+                 sample_seed: str | None = None) -> tuple[list[TensorRow], list[Blocker], int]:
     """Every paired tensor's values: (rows, blockers, tensors the imatrix weighed), merged in inventory
     order whatever order the processes finished in."""
-    if processes > 1:
-        job = ValueJob(artifact, source_root, policy, imatrix, tuple(pair.gguf_name for pair in pairs))
-        outcomes = _in_pool(job, layout, pairs, processes)
-    else:
-        outcomes = _here(artifact, layout, pairs, policy, imatrix)
+    job = ValueJob(artifact, source_root, policy, imatrix, tuple(pair.gguf_name for pair in pairs), sample_seed)
+    outcomes = _in_pool(job, layout, pairs, processes) if processes > 1 else _here(job, layout, pairs)
     found: dict[int, Checked] = {}
     progress("storage", 0, len(pairs))
     for index, checked in outcomes:
