@@ -13,6 +13,7 @@ import sys
 from service.config import Settings
 from service.dispatch.base import WorkerExit
 from service.persistence.worker_channel import ATTEMPT_SECRET_ENV
+from worker.resources import THREADS_SETTING, cpu_budget
 
 WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_hosts", "allow_private_addresses",
                    "trusted_hosts", "hf_endpoint", "lease_seconds", "max_attempts", "file_roots", "fetch_attempts",
@@ -30,6 +31,9 @@ def worker_environment(settings: Settings) -> dict[str, str]:
             env.pop(f"CONVGATE_{key.upper()}", None)
             continue
         env[f"CONVGATE_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    if not env.get(THREADS_SETTING):
+        # `concurrency` workers share this machine's CPUs: each sized to the whole would oversubscribe them.
+        env[THREADS_SETTING] = str(max(1, cpu_budget() // settings.concurrency))
     return env
 
 
