@@ -20,7 +20,8 @@ from worker.digests import digest_file, digest_tree, sha256_file
 from worker.errors import ConvgateError
 from worker.gates.release import run_release_gate
 from worker.gates.runtime import RuntimeMeasurements, model_kind, run_runtime_gate
-from worker.gates.storage import open_source_or_blocker, run_storage_gate, validate_structure
+from worker.gates.storage import open_source_or_blocker, run_storage_part, validate_structure
+from worker.gates.storage_parts import StoragePart, merge_parts
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
@@ -155,15 +156,23 @@ def sampled_note(sample: dict) -> str:
             f"a single corrupted super-block is caught with probability {one:.3g}, ten with {ten:.3g}")
 
 
-def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress = no_progress) -> Report:
-    """Run the requested gates on local files. GO needs zero blockers and every requested gate to have run."""
+def _storage_notes(storage: GateResult) -> list[str]:
+    """What gate 1 declares not verified: a sampled reproduction, and the GGUF keys it does not compare."""
+    notes = [sampled_note(sample)] if (sample := storage.details.get("sampling")) else []
+    return notes + list(storage.details.get("metadata_not_verified", []))
+
+
+def _run_gates(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress, shard: int,
+               shards: int) -> tuple[Report, StoragePart | None]:
+    """Every requested gate but gate 1's merge: (the report without gate 1's values, this shard's part).
+    Gates 2 and 3 run whole, in shard 0; a stop before any gate gives the full report and no part."""
     run = _Run(request)
     source_dir, artifact = inputs.source, inputs.artifact
     if not source_dir.is_dir():
         raise SourceUnavailableError(f"{source_dir} is not a directory")
     if not artifact.is_file():
         return unfetched(request, policy, Blocker(code="artifact.unreadable", gate="input",
-                                                  why=f"{artifact} is not a readable file"))
+                                                  why=f"{artifact} is not a readable file")), None
     sha = sha256_file(artifact, lambda done, total: progress("sha256", done, total))
     run.artifact = FileDigest(uri=inputs.artifact_name, sha256=sha, size=artifact.stat().st_size)
     run.files = [run.artifact, *digest_tree(source_dir)]
@@ -172,26 +181,29 @@ def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress
         run.stop_all(Blocker(code="artifact.sha256_mismatch", gate="input",
                              why=f"artifact sha256 is {sha}, expected {request.expected_sha256}; not used"),
                      "artifact digest mismatch")
-        return run.report(policy)
+        return run.report(policy), None
     imatrix = _load_imatrix(run, request, inputs)
     if isinstance(imatrix, Blocker):
         run.stop_all(imatrix, "the importance matrix was refused")
-        return run.report(policy)
+        return run.report(policy), None
     layout = validate_structure(artifact)
     if isinstance(layout, Blocker):
         run.stop_all(layout, "the artifact is not a well-formed GGUF")
-        return run.report(policy)
+        return run.report(policy), None
     source = open_source_or_blocker(source_dir)
     if isinstance(source, Blocker):
         run.stop_all(source, "the source model was refused")
-        return run.report(policy)
+        return run.report(policy), None
+    part = None
     if 1 in request.gates:
-        storage, blockers = run_storage_gate(artifact, layout, source, policy, progress, imatrix=imatrix,
-                                             imatrix_file=run.imatrix, sample_seed=sha)
-        run.record(storage, blockers)
-        if sample := storage.details.get("sampling"):
-            run.not_verified.append(sampled_note(sample))
-        run.not_verified.extend(storage.details.get("metadata_not_verified", []))
+        found = run_storage_part(artifact, layout, source, policy, progress, imatrix=imatrix, imatrix_file=run.imatrix,
+                                 sample_seed=sha, shard=shard, shards=shards)
+        if isinstance(found, StoragePart):
+            part = found
+        else:  # the architecture cannot be paired: the same failed gate in every shard
+            run.record(*found)
+    if shard != 0:
+        return run.report(policy), part
     measured: RuntimeMeasurements | None = None
     if 2 in request.gates:
         result, blockers, measured = run_runtime_gate(artifact, layout, source, policy, request.texts,
@@ -209,7 +221,37 @@ def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress
         run.files[1:1] = package[1:]
         if measured is None:
             run.not_verified.append("gate 3 top-1 results were not compared with gate 2 (gate 2 did not run)")
-    return run.report(policy)
+    return run.report(policy), part
 
 
-__all__ = ["LocalInputs", "SourceUnavailableError", "VerifyRequest", "environment", "unfetched", "verify"]
+def merge_shards(head: Report, parts: list[StoragePart], policy: Policy) -> Report:
+    """The one report of a verification whose gate 1 ran in parts: shard 0's report (every other gate)
+    with gate 1 merged from all parts placed first, and the policy's acceptance decided over all blockers.
+    Raises `MergeError` when the parts do not fit together."""
+    storage, storage_blockers = merge_parts(parts, policy)
+    gates = {"storage": storage, **head.gates}
+    blockers, accepted = accept_unreproduced(storage_blockers + head.blockers, gates, policy)
+    kept = head.not_verified[: len(head.not_verified) - len(ALWAYS_NOT_VERIFIED)]
+    return head.model_copy(update={
+        "verdict": "NO-GO" if blockers else "GO", "blockers": blockers, "gates": gates,
+        "not_verified": kept + _storage_notes(storage) + accepted + list(ALWAYS_NOT_VERIFIED),
+        "timings": {"storage": storage.seconds, **head.timings},
+    })
+
+
+def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress,
+                 shard: int, shards: int) -> tuple[Report, StoragePart | None]:
+    """One shard of a verification split over pods: its part of gate 1 (and, in shard 0, every other gate).
+    `merge_shards(shard 0's report, every part)` gives the verification's report."""
+    return _run_gates(request, inputs, policy, progress, shard, shards)
+
+
+def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress = no_progress) -> Report:
+    """Run the requested gates on local files. GO needs zero blockers and every requested gate to have run.
+    Gate 1 is one part merged alone: the same path, and so the same report, as a run split over pods."""
+    head, part = _run_gates(request, inputs, policy, progress, 0, 1)
+    return head if part is None else merge_shards(head, [part], policy)
+
+
+__all__ = ["LocalInputs", "SourceUnavailableError", "VerifyRequest", "environment", "merge_shards", "unfetched",
+           "verify", "verify_shard"]

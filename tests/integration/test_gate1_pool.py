@@ -22,9 +22,10 @@ pytestmark = pytest.mark.slow
 def _values(artifact, source_dir, processes):
     layout, source = read_layout(artifact), open_source(source_dir)
     pairs = take_inventory(architecture_for("bert", source.config), layout, source).pairs
-    rows, blockers, weighted = check_values(artifact, layout, source.root, pairs, Policy(), no_progress, None,
-                                            processes=processes)
-    return [row.model_dump() for row in rows], [blocker.model_dump() for blocker in blockers], weighted
+    outcomes = check_values(artifact, layout, source.root, pairs, Policy(), no_progress, None, processes=processes)
+    rows = [outcome.row.model_dump() for outcome in outcomes if outcome.row is not None]
+    blockers = [blocker.model_dump() for outcome in outcomes for blocker in outcome.blockers]
+    return rows, blockers, sum(outcome.weighted for outcome in outcomes)
 
 
 def _two_defects(raw_q: np.ndarray) -> None:
@@ -57,9 +58,9 @@ def test_a_large_model_on_a_multi_cpu_pod_gets_the_pool(minilm, monkeypatch):
     started = []
     original = value_checks._in_pool
 
-    def counting(job, layout, pairs, processes):
+    def counting(job, layout, pairs, chosen, processes):
         started.append(processes)
-        return original(job, layout, pairs, processes)
+        return original(job, layout, pairs, chosen, processes)
 
     monkeypatch.setattr(value_checks, "_in_pool", counting)
     monkeypatch.setattr(value_checks, "PARALLEL_MIN_WEIGHTS", 1)

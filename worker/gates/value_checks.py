@@ -119,34 +119,34 @@ def pool_size(layout: GGUFLayout, pairs: tuple[Pairing, ...], cpus: int) -> int:
     return min(cpus, len(pairs))
 
 
-def _in_pool(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...],
+def _in_pool(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...], chosen: list[int],
              processes: int) -> Iterator[tuple[int, Checked]]:
-    """(index, outcome) of every pair, largest tensors first, from `processes` spawned interpreters."""
-    largest_first = sorted(range(len(pairs)), key=lambda i: (-_weights(layout, pairs[i]), i))
+    """(index, outcome) of every chosen pair, largest tensors first, from `processes` spawned interpreters."""
+    largest_first = sorted(chosen, key=lambda i: (-_weights(layout, pairs[i]), i))
     context = multiprocessing.get_context("spawn")  # no fork: the parent may hold torch or llama.cpp threads
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_start, initargs=(job,)) as pool:
         yield from pool.map(_check_index, largest_first)
 
 
-def _here(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...]) -> Iterator[tuple[int, Checked]]:
+def _here(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...],
+          chosen: list[int]) -> Iterator[tuple[int, Checked]]:
     file_bytes = np.memmap(job.artifact, dtype=np.uint8, mode="r")
-    for index, pair in enumerate(pairs):
-        yield index, check_one(file_bytes, layout, pair, job.policy, job.imatrix, job.sample_seed)
+    for index in chosen:
+        yield index, check_one(file_bytes, layout, pairs[index], job.policy, job.imatrix, job.sample_seed)
 
 
 def check_values(artifact: Path, layout: GGUFLayout, source_root: Path, pairs: tuple[Pairing, ...], policy: Policy,
                  progress: Progress, imatrix: ImportanceMatrix | None, *, processes: int = 1,
-                 sample_seed: str | None = None) -> tuple[list[TensorRow], list[Blocker], int]:
-    """Every paired tensor's values: (rows, blockers, tensors the imatrix weighed), merged in inventory
-    order whatever order the processes finished in."""
+                 sample_seed: str | None = None, only: list[int] | None = None) -> list[Checked]:
+    """The outcome of every pair (or of the pairs `only` names), in inventory order whatever order the
+    processes finished in."""
+    chosen = list(range(len(pairs))) if only is None else sorted(only)
     job = ValueJob(artifact, source_root, policy, imatrix, tuple(pair.gguf_name for pair in pairs), sample_seed)
-    outcomes = _in_pool(job, layout, pairs, processes) if processes > 1 else _here(job, layout, pairs)
+    processes = min(processes, len(chosen))
+    outcomes = _in_pool(job, layout, pairs, chosen, processes) if processes > 1 else _here(job, layout, pairs, chosen)
     found: dict[int, Checked] = {}
-    progress("storage", 0, len(pairs))
+    progress("storage", 0, len(chosen))
     for index, checked in outcomes:
         found[index] = checked
-        progress("storage", len(found), len(pairs))
-    ordered = [found[index] for index in range(len(pairs))]
-    rows = [checked.row for checked in ordered if checked.row is not None]
-    blockers = [blocker for checked in ordered for blocker in checked.blockers]
-    return rows, blockers, sum(checked.weighted for checked in ordered)
+        progress("storage", len(found), len(chosen))
+    return [found[index] for index in chosen]
