@@ -290,10 +290,11 @@ def build_tools(cache: Path) -> None:
 from fixtures_decoders import build_decoders  # noqa: E402
 from fixtures_encoders import BUILDERS as ENCODER_BUILDERS  # noqa: E402
 from fixtures_imatrix import build_imatrix  # noqa: E402
+from fixtures_imatrix_moe import build_imatrix_moe  # noqa: E402
 from fixtures_modernbert import BUILDERS as MODERNBERT_BUILDERS  # noqa: E402
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
-    "imatrix": build_imatrix,
+    "imatrix": build_imatrix, "imatrix-moe": build_imatrix_moe,
     "decoders": build_decoders,
     **ENCODER_BUILDERS,
     **MODERNBERT_BUILDERS,

@@ -82,6 +82,13 @@ def imatrix_fixture() -> Path:
 
 
 @pytest.fixture(scope="session")
+def imatrix_moe() -> Path:
+    """A tiny qwen3moe: source/, imatrix-{english,numbers}.{gguf,dat} (per-expert sums and counts) and
+    <Q4_K_M|IQ4_XS|IQ2_XXS>-imat[-dat].gguf quantized with the english one (scripts/fixtures_imatrix_moe.py)."""
+    return built("imatrix-moe", "IQ2_XXS-imat-dat.gguf")
+
+
+@pytest.fixture(scope="session")
 def qwen3() -> Path:
     return built("tiny-qwen3", "tiny-qwen3-F16.gguf")
 
