@@ -103,8 +103,9 @@ def test_types_needing_an_imatrix_are_not_reproduced_without_one_and_say_why(tmp
     weights = _weights("IQ2_XXS")
     stored = reference.quantize(real_rows, GGML_TYPES_BY_NAME["IQ2_XXS"], quant_weights=weights).tobytes()
     row, blockers = _check(tmp_path, real_rows, "IQ2_XXS", stored, None)
-    assert sorted(b.code for b in blockers) == ["tensor.not_reproduced", "tensor.type_unsupported"]
+    assert [b.code for b in blockers] == ["tensor.not_reproduced"]  # the default policy keeps it NO-GO
     assert row.check == "bounded" and row.not_reproduced and "--imatrix" in row.not_reproduced
+    assert row.bound and row.bound_violations == 0  # the grid bound (grid_bounds) checked every value
 
 
 def test_requires_imatrix_table_matches_libggml():

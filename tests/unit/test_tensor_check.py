@@ -228,10 +228,10 @@ def test_a_reader_disagreement_is_a_verifier_blocker(tmp_path, monkeypatch):
 def test_a_type_without_reproducer_or_bound_is_unsupported():
     from worker.gates.tensor_values import _Accumulator, _judge
 
-    info = TensorInfo("t", (256,), GGML_TYPES_BY_NAME["IQ2_S"], 0, 82)
+    info = TensorInfo("t", (256,), GGML_TYPES_BY_NAME["Q8_K"], 0, 292)  # IQ2_S had none before grid_bounds
     (blocker,) = _judge(_Accumulator(), info, "bounded", None, None)
     assert (blocker.code, blocker.tensor) == ("tensor.type_unsupported", "t")
-    assert blocker.why == "no reproducer or derived bound for IQ2_S"
+    assert blocker.why == "no reproducer or derived bound for Q8_K"
 
 
 def test_sampled_rows_are_fixed_per_tensor_and_include_both_ends():

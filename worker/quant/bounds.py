@@ -10,8 +10,8 @@ Two families, both read from the stored block (scales, min) with gguf-py, never 
   the stored block with every element's code set to each possible code (`_fill_codes`).
 
 The vector-codebook types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) pick 4- or
-8-element grid points and flip one sign per group for parity, so no per-element bound follows
-from their construction; they are checked by reproduction and both readers only.
+8-element grid points with an importance-weighted fit, so the nearest-code argument does not apply;
+their bound (signs and a magnitude cap, `grid_bounds`) follows from the fit's construction instead.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from worker.formats.ggml_types import GGMLType
+from worker.quant.grid_bounds import GRID_RULES, grid_bounds, grid_description
 
 HALF_ULP_F16 = 2.0**-11  # relative rounding error of an fp16 scale
 F16_SUBNORMAL_HALF_ULP = 2.0**-25
@@ -143,7 +144,7 @@ def _closed_form_bound(raw_rows: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
 
 
 def has_bound(ggml_type: GGMLType) -> bool:
-    return ggml_type.name in BOUND_RULES or ggml_type.name in NEAREST_CODE
+    return ggml_type.name in BOUND_RULES or ggml_type.name in NEAREST_CODE or ggml_type.name in GRID_RULES
 
 
 def error_bounds(raw_rows: np.ndarray, ggml_type: GGMLType, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -153,6 +154,8 @@ def error_bounds(raw_rows: np.ndarray, ggml_type: GGMLType, inputs: list[np.ndar
         return [_closed_form_bound(raw_rows, ggml_type)] * len(inputs)
     if ggml_type.name in NEAREST_CODE:
         return _nearest_code_bounds(raw_rows, ggml_type, inputs)
+    if ggml_type.name in GRID_RULES:
+        return grid_bounds(raw_rows, ggml_type, inputs)
     return None
 
 
@@ -171,6 +174,8 @@ def bound_description(ggml_type: GGMLType) -> str | None:
     if ggml_type.name in NEAREST_CODE:
         slack = " + 2^-10*max|v*d|" if NEAREST_CODE[ggml_type.name].scale_rounded else ""
         return f"|w - w_hat| <= distance from w to the block's nearest representable value{slack}"
+    if ggml_type.name in GRID_RULES:
+        return grid_description(ggml_type)
     rule = BOUND_RULES.get(ggml_type.name)
     if rule is None:
         return None
