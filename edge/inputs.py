@@ -17,7 +17,8 @@ from edge.fetch import fetch_artifact, fetch_source, local_file
 from edge.redact import redact
 from edge.store import ContentStore
 from worker.blockers import Blocker
-from worker.engine import LocalInputs, SourceUnavailableError, VerifyRequest, unfetched, verify
+from worker.engine import LocalInputs, SourceUnavailableError, VerifyRequest, unfetched, verify, verify_shard
+from worker.gates.storage_parts import StoragePart
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.report import Report
@@ -45,8 +46,9 @@ def _imatrix(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch
     return fetch_artifact(uris.imatrix, request.imatrix_sha256, store, fetch)
 
 
-def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,
-                     store: ContentStore, progress: Progress = no_progress) -> Report:
+def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,
+                 store: ContentStore, progress: Progress = no_progress) -> LocalInputs | Report:
+    """Every input fetched by digest into the store, or the NO-GO report of the one that could not be."""
     try:
         source = fetch_source(uris.source, store, fetch)
     except FetchError as exc:
@@ -62,6 +64,22 @@ def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fe
     except FetchError as exc:
         code = "imatrix.sha256_mismatch" if exc.code == "artifact.sha256_mismatch" else "imatrix.unavailable"
         return unfetched(request, policy, Blocker(code=code, gate="input", why=f"importance matrix: {exc.why}"))
-    inputs = LocalInputs(source=source, artifact=artifact, artifact_uri=redact(uris.artifact), release_files=release,
-                         imatrix=imatrix, imatrix_uri=redact(uris.imatrix) if uris.imatrix else None)
-    return verify(request, inputs, policy, progress)
+    return LocalInputs(source=source, artifact=artifact, artifact_uri=redact(uris.artifact), release_files=release,
+                       imatrix=imatrix, imatrix_uri=redact(uris.imatrix) if uris.imatrix else None)
+
+
+def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,
+                     store: ContentStore, progress: Progress = no_progress) -> Report:
+    inputs = fetch_inputs(request, uris, policy, fetch, store, progress)
+    return inputs if isinstance(inputs, Report) else verify(request, inputs, policy, progress)
+
+
+def fetch_and_verify_shard(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,
+                           store: ContentStore, progress: Progress, shard: int,
+                           shards: int) -> tuple[Report, StoragePart | None]:
+    """One shard of a verification split over pods: (its report, its part of gate 1); no part when the
+    run stopped before gate 1 (the report is then the verification's whole NO-GO)."""
+    inputs = fetch_inputs(request, uris, policy, fetch, store, progress)
+    if isinstance(inputs, Report):
+        return inputs, None
+    return verify_shard(request, inputs, policy, progress, shard, shards)

@@ -106,13 +106,17 @@ def tokens_list() -> None:
 @worker_app.command("run")
 def worker_run(verification_id: Annotated[str, typer.Option()],
                attempt: Annotated[int, typer.Option(help="the attempt this worker was launched for", min=1)],
-               worker_name: Annotated[str | None, typer.Option()] = None) -> None:
+               worker_name: Annotated[str | None, typer.Option()] = None,
+               shard: Annotated[int | None, typer.Option(
+                   help="this worker's shard of gate 1 (default: an Indexed Job's JOB_COMPLETION_INDEX)", min=0,
+               )] = None) -> None:
     """Run one verification attempt and store its verdict (what a pool process or a Job runs)."""
     from service.job import run_verification
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     name = worker_name or f"{os.uname().nodename}:{os.getpid()}"
-    raise typer.Exit(run_verification(Settings(), verification_id, name, attempt))
+    index = shard if shard is not None else int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+    raise typer.Exit(run_verification(Settings(), verification_id, name, attempt, shard=index))
 
 
 @app.command("serve")

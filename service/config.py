@@ -48,6 +48,11 @@ class KubernetesSettings(BaseModel):
     create_attempts: int = Field(4, ge=1)
     retry_backoff_seconds: float = Field(0.5, ge=0)
     node_selector: dict[str, str] = Field(default_factory=dict)
+    # gate 1 of a large artifact runs in ceil(size / gate1_shard_bytes) pods (at most max_gate1_shards) of one
+    # Indexed Job; the size is the submission's artifact_size, or the file's for a file:// URI
+    gate1_shard_bytes: int = Field(16 << 30, ge=1 << 20, description="artifact bytes per gate-1 shard")
+    max_gate1_shards: int = Field(4, ge=1, le=64, description="1 turns sharding off")
+    shard_retries: int = Field(2, ge=0, le=10, description="pod retries per shard (Indexed Job backoffLimitPerIndex)")
     state_source: Literal["poll"] = Field("poll", description="how Job and Workload state is read")
     in_cluster: bool = True
     kubeconfig: Path | None = Field(None, description="when not in_cluster: this kubeconfig, else the default one")

@@ -15,7 +15,7 @@ from typing import Any, TypeGuard, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from edge.inputs import fetch_and_verify
+from edge.inputs import fetch_and_verify, fetch_and_verify_shard
 from edge.redact import install_log_redaction, redact
 from edge.store import ContentStore
 from service.config import Settings
@@ -23,7 +23,9 @@ from service.fetching import fetch_policy, input_uris
 from service.persistence.worker_channel import AttemptChannel, DirectChannel, channel_for
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import ConvgateError
+from worker.gates.storage_parts import StoragePart
 from worker.policy import Policy
+from worker.report import Report
 
 log = logging.getLogger("convgate.job")
 
@@ -102,30 +104,51 @@ def _is_channel(beats: object) -> TypeGuard[AttemptChannel]:
     return callable(getattr(beats, "heartbeat", None))
 
 
-def run_verification(settings: Settings, verification_id: str, worker_name: str, attempt: int) -> int:
+def run_verification(settings: Settings, verification_id: str, worker_name: str, attempt: int, *,
+                     shard: int = 0) -> int:
     """Run `attempt` through its channel: restricted (the attempt's secret is in the environment, a
-    Kubernetes Job) or direct (a local pool process). Exit code 1 means the attempt failed unjudged."""
+    Kubernetes Job) or direct (a local pool process). Exit code 1 means the attempt failed unjudged.
+    For a verification split into shards, `shard` is this worker's (an Indexed Job's completion index)."""
     channel = channel_for(settings.database_url, verification_id, attempt, worker_name, os.environ)
     try:
-        return _run_attempt(settings, channel)
+        return _run_attempt(settings, channel, shard)
     finally:
         channel.close()
 
 
-def _run_attempt(settings: Settings, channel: AttemptChannel) -> int:
+def _store(channel: AttemptChannel, report: Report, part: StoragePart | None, shard: int, shards: int) -> bool:
+    """A shard files its part (the last one stored writes the merged verdict); a run that stopped before
+    gate 1 is the whole NO-GO, written by shard 0 alone (every shard stopped the same way)."""
+    if part is None:
+        return channel.record_verdict(json.loads(report.model_dump_json())) if shard == 0 else True
+    payload = {"part": json.loads(part.model_dump_json()),
+               "report": json.loads(report.model_dump_json()) if shard == 0 else None}
+    return channel.record_shard(shard, shards, payload)
+
+
+def _run_attempt(settings: Settings, channel: AttemptChannel, shard: int = 0) -> int:
     verification_id, attempt, worker_name = channel.verification_id, channel.attempt, channel.worker
     started_attempt = channel.start()
     if started_attempt is None:  # not this attempt's turn (an older or newer one, cancelled, finished)
         log.info("verification %s has no attempt %s to run", verification_id, attempt)
         return 0
     stored, policy = started_attempt.request, Policy(**started_attempt.policy)
+    shards = int(stored.get("shards", 1))
+    if not 0 <= shard < shards:
+        channel.end_without_verdict(f"worker for shard {shard} of a verification of {shards} shard(s)")
+        return 1
     install_log_redaction()  # URIs in any log line (httpx logs each request's URL) show no secrets
     started = time.perf_counter()
     try:  # the edge fetches (policy-checked, retried), then the pure engine runs on local files
         with Heartbeat(channel, verification_id, attempt, worker_name, interval=min(settings.lease_seconds / 4, 2.0),
                        lease=settings.lease_seconds) as heart:
-            report = fetch_and_verify(_request(stored), input_uris(stored), policy, fetch_policy(settings),
-                                      ContentStore(settings.cache_dir), heart.update)
+            if shards == 1:
+                report, part = fetch_and_verify(_request(stored), input_uris(stored), policy, fetch_policy(settings),
+                                                ContentStore(settings.cache_dir), heart.update), None
+            else:
+                report, part = fetch_and_verify_shard(_request(stored), input_uris(stored), policy,
+                                                      fetch_policy(settings), ContentStore(settings.cache_dir),
+                                                      heart.update, shard, shards)
     except SourceUnavailableError as exc:
         channel.end_without_verdict(redact(f"source unavailable: {exc}"), give_up=True)
         return 0
@@ -137,9 +160,10 @@ def _run_attempt(settings: Settings, channel: AttemptChannel) -> int:
         return 0
     except Exception as exc:  # a crash or a transient fetch failure: no verdict, the dispatcher retries
         log.exception("attempt %s of %s failed", attempt, verification_id)
-        channel.end_without_verdict(redact(f"{type(exc).__name__}: {exc}"))
+        if shards == 1:  # a shard's pod is retried alone by its Indexed Job; the others keep their parts
+            channel.end_without_verdict(redact(f"{type(exc).__name__}: {exc}"))
         return 1
-    written = channel.record_verdict(json.loads(report.model_dump_json()))
+    written = _store(channel, report, part, shard, shards)
     log.info("verification %s attempt %s: %s in %.1fs%s", verification_id, attempt, report.verdict,
              time.perf_counter() - started, "" if written else " (stale attempt: not recorded)")
     return 0

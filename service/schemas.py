@@ -56,6 +56,8 @@ class SubmitRequest(BaseModel):
     imatrix_uri: UriText | None = Field(None, description="the importance matrix the artifact was quantized with "
                                         "(llama.cpp GGUF or legacy .dat), fetched like the artifact")
     imatrix_sha256: str | None = Field(None, pattern=SHA256, description="its expected sha256 (with imatrix_uri)")
+    artifact_size: int | None = Field(None, ge=1, le=1 << 50, description="the artifact's size in bytes, if known: "
+                                      "on Kubernetes, gate 1 of a large artifact is split over several pods")
 
     @model_validator(mode="after")
     def _imatrix_with_digest(self) -> SubmitRequest:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -45,6 +48,19 @@ def _resolve_policy(settings: Settings, requested: str | Policy, may_author: boo
     return settings.policies[requested], f"configured:{requested}"
 
 
+def gate1_shards(settings: Settings, body: SubmitRequest) -> int:
+    """How many pods gate 1 runs in: ceil(artifact size / gate1_shard_bytes), capped, on a dispatcher that
+    can start them together (not the local pool). The size is the submission's, or a file:// artifact's own."""
+    kube = settings.kubernetes
+    if settings.dispatcher == "local" or kube.max_gate1_shards == 1 or 1 not in body.gates:
+        return 1
+    size = body.artifact_size
+    if size is None and body.artifact_uri.startswith("file://"):
+        path = Path(unquote(urlparse(body.artifact_uri).path))
+        size = path.stat().st_size if path.is_file() else None
+    return 1 if size is None else max(1, min(kube.max_gate1_shards, math.ceil(size / kube.gate1_shard_bytes)))
+
+
 def submit(session: Session, settings: Settings, submitter: str, body: SubmitRequest,
            idempotency_key: str | None, *, may_author_policies: bool = False) -> tuple[Verification, bool]:
     """Store a verification (thresholds fixed now, with their hash); returns it and whether it is new."""
@@ -62,9 +78,12 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
     except UriRefusedError as exc:
         raise SubmissionError(redact(str(exc))) from exc
     unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
+    unset |= {"artifact_size"} if body.artifact_size is None else set()
     request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={"policy", *unset}))
     request_sha256 = hashlib.sha256(json.dumps(
         {"request": public_request(request), "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
+    if (shards := gate1_shards(settings, body)) > 1:
+        request["shards"] = shards  # a deployment choice, not part of what was asked: outside the identity
     if idempotency_key is not None:
         existing = repository.by_idempotency_key(session, submitter, idempotency_key)
         if existing is not None:

@@ -24,11 +24,13 @@ class Dispatcher(Protocol):
     def capacity(self) -> int:
         """How many more verifications may start now."""
 
-    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None,
+               shards: int = 1) -> None:
         """Start `convgate worker run --verification-id ID --attempt N` somewhere: the worker may start
         only that attempt (the number the claim assigned). `attempt_secret` is what a restricted worker
         authenticates with (`CONVGATE_ATTEMPT_SECRET`); a dispatcher whose workers hold the service's
-        own URL may ignore it."""
+        own URL may ignore it. `shards` > 1: gate 1 split over that many workers (a Kubernetes Indexed
+        Job); only a dispatcher that can start them together (Kueue's all-or-nothing admission) shards."""
 
     def reap(self) -> list[WorkerExit]:
         """Workers that ended since the last call."""

@@ -13,6 +13,7 @@ import sys
 from service.config import Settings
 from service.dispatch.base import WorkerExit
 from service.persistence.worker_channel import ATTEMPT_SECRET_ENV
+from worker.errors import ConvgateError
 from worker.resources import THREADS_SETTING, cpu_budget
 
 WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_hosts", "allow_private_addresses",
@@ -60,9 +61,14 @@ class LocalPool:
     def capacity(self) -> int:
         return max(self.settings.concurrency - len(self.processes), 0)
 
-    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None,
+               shards: int = 1) -> None:
         """The secret is not handed on: a local worker runs on the operator's machine, with the
-        operator's files and the service's own database URL (the direct path, `DirectChannel`)."""
+        operator's files and the service's own database URL (the direct path, `DirectChannel`). A local
+        worker runs gate 1 on every CPU already; a sharded verification needs an Indexed Job."""
+        if shards != 1:
+            raise ConvgateError(f"verification {verification_id} is split into {shards} shards: the local pool "
+                                "runs one worker per verification (use the kubernetes dispatcher)")
         self.attempts[verification_id] = attempt
         command = [sys.executable, "-m", "service.cli", "worker", "run", "--verification-id", verification_id,
                    "--attempt", str(attempt), "--worker-name", f"{self.identity}/{verification_id[:8]}"]

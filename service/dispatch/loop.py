@@ -102,11 +102,12 @@ class DispatchLoop:
         if not capacity:
             return
         with transaction(self.factory) as session:  # the claim and its secret commit together
-            claimed = [(v.id, v.attempt, issue_attempt_secret(session, v.id, v.attempt)) for v in
-                       repository.claim_queued(session, capacity, self.dispatcher.identity)]
-        for verification_id, attempt, secret in claimed:
+            claimed = [(v.id, v.attempt, issue_attempt_secret(session, v.id, v.attempt),
+                        int((v.request or {}).get("shards", 1)))
+                       for v in repository.claim_queued(session, capacity, self.dispatcher.identity)]
+        for verification_id, attempt, secret, shards in claimed:
             try:
-                self.dispatcher.launch(verification_id, attempt, attempt_secret=secret)
+                self.dispatcher.launch(verification_id, attempt, attempt_secret=secret, shards=shards)
             except ConvgateError as exc:
                 log.warning("could not start %s: %s", verification_id, exc)
                 with transaction(self.factory) as session:

@@ -160,9 +160,25 @@ class WorkerReport(Base):
     id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
     verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"))
     attempt: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(16))  # start, heartbeat, verdict, end
+    kind: Mapped[str] = mapped_column(String(16))  # start, heartbeat, verdict, end, shard-<k> (revision 0007)
     worker: Mapped[str] = mapped_column(String(200))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     applied_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[str | None] = mapped_column(String(16))  # accepted, refused, invalid
+
+
+class Gate1Shard(Base):
+    """One shard's part of gate 1 (revision 0007): what one pod of an Indexed Job found for its share of
+    the tensors, and (shard 0) the report of every other gate. The verdict is merged from all of them."""
+
+    __tablename__ = "gate1_shards"
+    __table_args__ = (UniqueConstraint("verification_id", "attempt", "shard", name="uq_gate1_shards_one_per_shard"),)
+
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
+    verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    shard: Mapped[int] = mapped_column(Integer)
+    shards: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

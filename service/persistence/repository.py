@@ -238,6 +238,16 @@ def start_attempt(session: Session, verification_id: str, worker: str, *, attemp
                   heartbeat_at=moment, progress=None)
 
 
+def join_sharded_attempt(session: Session, verification_id: str, worker: str, *, attempt: int) -> Verification | None:
+    """Another shard of a running sharded attempt (same attempt, same worker name: the Indexed Job's)
+    joins it; no state changes. None for anything else, so an unsharded second start is still refused."""
+    verification = get_verification(session, verification_id)
+    if (verification is None or verification.state != State.RUNNING or verification.attempt != attempt
+            or verification.worker != worker or int((verification.request or {}).get("shards", 1)) <= 1):
+        return None
+    return verification
+
+
 def heartbeat(session: Session, verification_id: str, attempt: int, progress: dict[str, Any] | None, *,
               worker: str) -> bool:
     """Record liveness and progress; False when this worker's attempt is no longer the current one."""

@@ -67,6 +67,13 @@ class RestrictedChannel:
             return False
         return self._wait(lambda: self._outcome("verdict"), lambda o: o not in ("pending",)) == "accepted"
 
+    def record_shard(self, shard: int, shards: int, payload: dict[str, Any]) -> bool:
+        """Files the part as report `shard-<k>` (revision 0007) and waits until the control plane stored it."""
+        body = {**payload, "shards": shards}
+        if not self._call("convgate_worker_record_shard", ("shard", shard), ("report", json.dumps(body))):
+            return False
+        return self._wait(lambda: self._outcome(f"shard-{shard}"), lambda o: o not in ("pending",)) == "accepted"
+
     def end_without_verdict(self, reason: str, *, give_up: bool = False) -> None:
         if self._call("convgate_worker_end", ("reason", reason), ("give_up", give_up)):
             self._wait(lambda: self._outcome("end"), lambda o: o not in ("pending",))

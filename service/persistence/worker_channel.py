@@ -62,6 +62,9 @@ class AttemptChannel(Protocol):
     def record_verdict(self, report: dict[str, Any]) -> bool:
         """Store the verdict; False when it was not recorded (a stale attempt)."""
 
+    def record_shard(self, shard: int, shards: int, payload: dict[str, Any]) -> bool:
+        """Store one shard's part of gate 1 (the last one stored writes the verdict); False when refused."""
+
     def end_without_verdict(self, reason: str, *, give_up: bool = False) -> None:
         """The attempt ends without a verdict: retried while attempts remain, or (give_up) failed now."""
 
@@ -77,7 +80,11 @@ class SessionAttempt:
         self.session, self.verification_id, self.attempt, self.worker = session, verification_id, attempt, worker
 
     def start(self) -> StartedAttempt | None:
-        verification = repository.start_attempt(self.session, self.verification_id, self.worker, attempt=self.attempt)
+        """Take the attempt, or join it: the shards of one Indexed Job share the attempt and its worker
+        name (the Job's), and a retried pod of one index joins the attempt the others are running."""
+        verification = (repository.start_attempt(self.session, self.verification_id, self.worker, attempt=self.attempt)
+                        or repository.join_sharded_attempt(self.session, self.verification_id, self.worker,
+                                                           attempt=self.attempt))
         if verification is None:
             return None
         return StartedAttempt(request=dict(verification.request), policy=dict(verification.policy))
@@ -87,6 +94,22 @@ class SessionAttempt:
 
     def record_verdict(self, report: dict[str, Any]) -> bool:
         return repository.record_verdict(self.session, self.verification_id, self.attempt, report, worker=self.worker)
+
+    def record_shard(self, shard: int, shards: int, payload: dict[str, Any]) -> bool:
+        """A refused part (stale, malformed, or parts that do not merge) is False; parts that do not merge
+        end the attempt, since no retry of one index can mend them."""
+        from service.persistence.shards import ShardRefusedError, record_shard
+
+        try:
+            with self.session.begin_nested():
+                return record_shard(self.session, self.verification_id, self.attempt, self.worker, shard, shards,
+                                    payload)
+        except ShardRefusedError as exc:
+            log.warning("verification %s attempt %s: shard %s refused: %s", self.verification_id, self.attempt,
+                        shard, exc)
+            if "do not merge" in str(exc):
+                self.end_without_verdict(f"gate-1 shards: {exc}")
+            return False
 
     def end_without_verdict(self, reason: str, *, give_up: bool = False) -> bool:
         """True when this call ended the attempt."""
@@ -126,6 +149,10 @@ class DirectChannel:
     def record_verdict(self, report: dict[str, Any]) -> bool:
         with transaction(self.factory) as session:
             return self._in(session).record_verdict(report)
+
+    def record_shard(self, shard: int, shards: int, payload: dict[str, Any]) -> bool:
+        with transaction(self.factory) as session:
+            return self._in(session).record_shard(shard, shards, payload)
 
     def end_without_verdict(self, reason: str, *, give_up: bool = False) -> None:
         with transaction(self.factory) as session:

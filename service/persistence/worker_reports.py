@@ -53,6 +53,14 @@ def _end(payload: dict[str, Any]) -> tuple[str, bool]:
     return reason, give_up
 
 
+def _shard(kind: str, payload: dict[str, Any]) -> tuple[int, int]:
+    """(shard, shards) of a `shard-<k>` report; its part is checked where it is stored."""
+    shards = payload.get("shards")
+    if not kind[len("shard-"):].isdigit() or not isinstance(shards, int):
+        raise InvalidReportError("a shard report needs its index and shard count")
+    return int(kind[len("shard-"):]), shards
+
+
 def apply_report(session: Session, report: WorkerReport) -> str:
     """What the repository made of one report: accepted, refused (fenced out) or invalid."""
     attempt = SessionAttempt(session, report.verification_id, report.attempt, report.worker)
@@ -64,6 +72,8 @@ def apply_report(session: Session, report: WorkerReport) -> str:
             return ACCEPTED if attempt.heartbeat(_progress(payload)) else REFUSED
         if report.kind == "verdict":
             return ACCEPTED if attempt.record_verdict(_verdict(payload)) else REFUSED
+        if report.kind.startswith("shard-"):
+            return ACCEPTED if attempt.record_shard(*_shard(report.kind, payload), payload) else REFUSED
         if report.kind == "end":
             reason, give_up = _end(payload)
             return ACCEPTED if attempt.end_without_verdict(f"worker: {reason}", give_up=give_up) else REFUSED

@@ -25,6 +25,7 @@ WORKER_FUNCTIONS = (
     ("convgate_worker_record_verdict", "text, integer, text, text, jsonb"),
     ("convgate_worker_end", "text, integer, text, text, text, boolean"),
     ("convgate_worker_outcome", "text, integer, text, text, text"),
+    ("convgate_worker_record_shard", "text, integer, text, text, integer, jsonb"),  # revision 0007
 )
 ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 

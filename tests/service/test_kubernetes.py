@@ -486,3 +486,23 @@ def test_a_restricted_launch_without_a_secret_is_refused_before_any_job(cluster,
     assert cluster.jobs == {} and cluster.secrets == {}
     dispatcher.shutdown()
     engine.dispose()
+
+
+def test_a_sharded_attempt_is_one_indexed_job_whose_pods_share_a_worker_name(tmp_path):
+    """Gate 1 split over 3 pods: one Indexed Job (Kueue admits its pods together), each index retried
+    alone, every pod reporting under the Job's name so they run one attempt; valid for the API server."""
+    import kubernetes_validate
+
+    vid = "0b3c2a9e-1111-4222-8333-444455556666"
+    job = build_job(settings(tmp_path, "sqlite://"), vid, 2, shards=3)
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
+    assert (spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == (2, 0)
+    assert "backoffLimit" not in spec  # it would count every index's failures together
+    command = spec["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--worker-name") + 1] == job_name(vid, 2)
+    assert spec["suspend"] is True
+    kubernetes_validate.validate(job, "1.35.0", strict=True)
+    single = build_job(settings(tmp_path, "sqlite://"), vid, 2)
+    assert "completionMode" not in single["spec"] and single["spec"]["backoffLimit"] == 0
+    assert "$(POD_NAME)" in single["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -36,7 +36,8 @@ class FakeDispatcher:
     def capacity(self) -> int:
         return 10
 
-    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None,
+               shards: int = 1) -> None:
         self.launched.append((verification_id, attempt))
         self.known.add(verification_id)
 

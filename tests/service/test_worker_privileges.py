@@ -375,7 +375,8 @@ class RecordingDispatcher:
     def capacity(self) -> int:
         return 4
 
-    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None,
+               shards: int = 1) -> None:
         self.launched.append((verification_id, attempt, attempt_secret))
 
     def reap(self) -> list[WorkerExit]:
@@ -506,3 +507,64 @@ def test_grant_worker_creates_a_login_that_reaches_only_the_worker_functions(pg_
         with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
             admin.execute(f"DROP ROLE IF EXISTS {login}")
             admin.execute(f"DROP ROLE IF EXISTS {group}")
+
+
+def test_gate1_shards_through_the_restricted_credential(worker_login, factory, pg, tmp_path, monkeypatch):
+    """Issue 12 item 4 on Postgres with the restricted login: two shards of one attempt (an Indexed Job's
+    pods, sharing the Job's name and the attempt's secret) each file their part as a `shard-<k>` report
+    through the revision-0007 function; the loop applies them, and the last one applied writes the merged
+    verdict, once."""
+    from service.config import KubernetesSettings
+    from service.job import run_verification
+    from service.persistence.models import Gate1Shard
+    from service.schemas import SubmitRequest
+    from service.verifications import submit
+    from worker.digests import sha256_file
+
+    root = fixtures_root() / "minilm"
+    artifact = root / "minilm-Q8_0.gguf"
+    settings = settings_for(pg, tmp_path, file_roots=(fixtures_root(),), lease_seconds=30, dispatcher="none",
+                            kubernetes=KubernetesSettings(gate1_shard_bytes=1 << 20, max_gate1_shards=2))
+    with transaction(factory) as session:
+        verification_id = submit(session, settings, "alice", SubmitRequest(
+            source_uri=(root / "source").as_uri(), artifact_uri=artifact.as_uri(),
+            artifact_sha256=sha256_file(artifact), gates=[1]), None)[0].id
+    dispatcher = RecordingDispatcher()
+    loop = DispatchLoop(dispatcher, factory, settings)
+    loop.tick()
+    ((_, attempt, secret),) = dispatcher.launched
+    monkeypatch.setenv(ATTEMPT_SECRET_ENV, secret)
+    worker_settings = settings.model_copy(update={"database_url": worker_login.url})
+    outcomes: list[int] = []
+    workers = [threading.Thread(target=lambda shard=shard: outcomes.append(run_verification(
+        worker_settings, verification_id, attempt=attempt, worker_name="convgate-job-1", shard=shard)), daemon=True)
+        for shard in (0, 1)]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + 240
+    while any(worker.is_alive() for worker in workers):
+        assert time.monotonic() < deadline, "the shards did not finish"
+        loop.tick()
+        time.sleep(0.05)
+    assert outcomes == [0, 0]
+    final = row(factory, verification_id)
+    assert (final.state, final.verdict_result, final.worker) == (State.COMPLETED, "GO", "convgate-job-1")
+    with factory() as session:
+        verdict = repository.verdict_for(session, verification_id)
+        assert verdict is not None and verdict.report["gates"]["storage"]["details"]["shards"]["count"] == 2
+        assert session.query(Gate1Shard).filter_by(verification_id=verification_id).count() == 2
+    kinds = {(kind, outcome) for kind, _, _, outcome in reports_of(factory, verification_id)}
+    assert {("shard-0", "accepted"), ("shard-1", "accepted"), ("start", "accepted")} <= kinds
+    assert not any(kind == "verdict" for kind, _ in kinds)
+
+
+def test_the_worker_login_cannot_file_a_shard_for_another_attempt_or_an_absurd_index(worker_login, factory):
+    verification_id = submitted(factory)
+    with transaction(factory) as session:
+        repository.claim(session, verification_id, "dispatcher")
+        secret = issue_attempt_secret(session, verification_id, 1)
+    channel = RestrictedChannel(worker_login.engine, verification_id, 1, "job", secret, wait_seconds=0)
+    assert not RestrictedChannel(worker_login.engine, verification_id, 2, "job", secret,
+                                 wait_seconds=0).record_shard(0, 2, {"part": {}})
+    assert not channel.record_shard(10_000, 2, {"part": {}})
+    assert channel._call("convgate_worker_record_shard", ("shard", 0), ("report", '{"part": {}}')) is True

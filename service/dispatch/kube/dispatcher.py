@@ -76,13 +76,14 @@ class KubernetesDispatcher:
         unfinished = sum(1 for job in self.view.jobs.values() if not self._status(job).job_finished)
         return max(self.kube.max_jobs_in_flight - unfinished, 0)
 
-    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None) -> None:
+    def launch(self, verification_id: str, attempt: int, attempt_secret: str | None = None,
+               shards: int = 1) -> None:
         """Create the attempt's Job and, for restricted workers, the Secret holding `attempt_secret`
         (issued with the claim), owned by the Job so it is deleted with it."""
         restricted = self.kube.worker_database_secret is not None
         if restricted and not attempt_secret:
             raise ConvgateError(f"verification {verification_id}: a restricted worker needs its attempt secret")
-        body = build_job(self.settings, verification_id, attempt)
+        body = build_job(self.settings, verification_id, attempt, shards)
         try:
             uid = self.view.create_job(body)
             if restricted and attempt_secret:

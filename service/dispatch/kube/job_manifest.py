@@ -98,7 +98,18 @@ def _env(settings: Settings, verification_id: str, attempt: int) -> list[dict[st
     return env
 
 
-def build_job(settings: Settings, verification_id: str, attempt: int) -> dict[str, Any]:
+def _sharded(spec: dict[str, Any], kube: KubernetesSettings, shards: int) -> None:
+    """An Indexed Job of `shards` pods (gate 1 split, one completion index each), admitted by Kueue as one
+    workload: they start together or not at all. A failed pod is retried for its index alone, up to
+    `shard_retries` times; an index out of retries fails the Job (and so the attempt)."""
+    spec.pop("backoffLimit")  # counts failures of every index together; per index below
+    spec.update({"completionMode": "Indexed", "completions": shards, "parallelism": shards,
+                 "backoffLimitPerIndex": kube.shard_retries, "maxFailedIndexes": 0})
+
+
+def build_job(settings: Settings, verification_id: str, attempt: int, shards: int = 1) -> dict[str, Any]:
+    """The attempt's Job: one pod, or (`shards` > 1) an Indexed Job whose pods share the Job's name as
+    their worker name, so they run one attempt together."""
     kube = settings.kubernetes
     labels = {**APP_LABELS, QUEUE_LABEL: kube.local_queue, VERIFICATION_LABEL: verification_id,
               ATTEMPT_LABEL: str(attempt)}
@@ -109,7 +120,7 @@ def build_job(settings: Settings, verification_id: str, attempt: int) -> dict[st
         "image": kube.image,
         "imagePullPolicy": kube.image_pull_policy,
         "command": ["convgate", "worker", "run", "--verification-id", verification_id, "--attempt", str(attempt),
-                    "--worker-name", "$(POD_NAME)"],
+                    "--worker-name", "$(POD_NAME)" if shards == 1 else job_name(verification_id, attempt)],
         "env": _env(settings, verification_id, attempt),
         "resources": _resources(kube),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -128,7 +139,7 @@ def build_job(settings: Settings, verification_id: str, attempt: int) -> dict[st
     }
     if kube.node_selector:
         pod_spec["nodeSelector"] = dict(kube.node_selector)
-    return {
+    job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": job_name(verification_id, attempt), "namespace": kube.namespace, "labels": labels},
@@ -144,3 +155,6 @@ def build_job(settings: Settings, verification_id: str, attempt: int) -> dict[st
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+    if shards > 1:
+        _sharded(job["spec"], kube, shards)
+    return job
