@@ -229,6 +229,12 @@ class Db:
                 Verdict, Verdict.id == FileDigestRecord.verdict_id).where(Verdict.verification_id == verification_id))
             return {uri: sha for uri, sha in rows}
 
+    def report(self, verification_id: str) -> dict[str, Any]:
+        with self.factory() as session:
+            verdict = repository.verdict_for(session, verification_id)
+            assert verdict is not None
+            return dict(verdict.report)
+
     def state(self, verification_id: str) -> str:
         return self.get(verification_id).state
 

@@ -354,6 +354,45 @@ def test_a_restricted_worker_records_its_verdict_through_the_worker_functions(sc
     print(f"scenario 8b (restricted worker): {time.monotonic() - t0:.1f}s")
 
 
+# --- 9: gate 1 across pods: one Indexed Job, admitted whole, a killed shard retried alone -------------
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+INDEX_FAILURES = "batch.kubernetes.io/job-index-failure-count"
+
+
+def test_gate1_split_over_an_indexed_job_with_a_shard_killed_once(scenarios, db, replicas, pod_runner) -> None:
+    """Issue 12 item 4 on the real cluster: MiniLM Q8_0 (~25 MiB) with 1 MiB per shard and at most 2 shards
+    is one Indexed Job of 2 pods that Kueue admits as one workload of 2; shard 1's first pod is killed
+    (OOMKilled, exit 137) and the Job controller retries index 1 alone; the verdict is written once, by
+    the attempt the shards share, and no attempt is spent."""
+    t0 = time.monotonic()
+    scenario = scenarios("cg-shards", cpu_quota="2")
+    settings = scenario.settings(lease_seconds=40.0, kube={"gate1_shard_bytes": 1 << 20, "max_gate1_shards": 2})
+    store = db(settings)
+    pod_runner.oom_when = lambda pod, container: pod["metadata"]["namespace"] == scenario.namespace and (
+        pod["metadata"].get("annotations", {}).get(INDEX) == "1"
+        and pod["metadata"].get("annotations", {}).get(INDEX_FAILURES, "0") == "0")
+    replicas(settings)
+    verification_id = store.submit()
+    verification = store.wait_state(verification_id, State.COMPLETED, State.FAILED, timeout=2 * WORKER_TIMEOUT)
+    events = store.events(verification_id)
+    completed_once(store, verification_id)
+    assert (verification.attempt, verification.failed_attempts) == (1, 0), events
+    (job,) = scenario.jobs()
+    assert (job["spec"]["completionMode"], job["spec"]["completions"]) == ("Indexed", 2)
+    (workload,) = scenario.workloads()
+    assert [podset["count"] for podset in workload["spec"]["podSets"]] == [2]
+    pods = scenario.api.get(f"/api/v1/namespaces/{scenario.namespace}/pods",
+                            params={"labelSelector": f"batch.kubernetes.io/job-name={job['metadata']['name']}"})
+    per_index: dict[str, int] = {}
+    for pod in pods["items"]:
+        per_index[pod["metadata"]["annotations"][INDEX]] = per_index.get(pod["metadata"]["annotations"][INDEX], 0) + 1
+    assert per_index == {"0": 1, "1": 2}, per_index  # index 1 retried alone; index 0 ran once
+    report = store.report(verification_id)
+    assert report["gates"]["storage"]["details"]["shards"]["count"] == 2
+    print(f"scenario 9 (gate 1 over 2 pods, one killed): {time.monotonic() - t0:.1f}s")
+
+
 # --- 6: Kueue stopped (last: it restarts Kueue) -----------------------------------------------------
 
 def test_kueue_down_keeps_verifications_queued_with_a_reason(cluster, scenarios, db, replicas) -> None:
