@@ -75,8 +75,10 @@ def collect(source: Path, text: str) -> tuple[dict[str, np.ndarray], int]:
     return sums, n_chunks * CHUNK_TOKENS
 
 
-def write_gguf(path: Path, sums: dict[str, np.ndarray], count: int, dataset: str, chunks: int) -> None:
-    """llama-imatrix's GGUF form: general.type, imatrix.* keys, sorted `<name>.in_sum2` / `<name>.counts`."""
+def write_gguf_matrices(path: Path, sums: dict[str, np.ndarray], counts: dict[str, np.ndarray], dataset: str,
+                        chunks: int) -> None:
+    """llama-imatrix's GGUF form: general.type, imatrix.* keys, sorted `<name>.in_sum2` [ne0, n_mat] and
+    `<name>.counts` [1, n_mat] (one row and one count per matrix: one for a dense tensor, one per expert)."""
     import gguf
 
     writer = gguf.GGUFWriter(path, arch="imatrix")
@@ -86,12 +88,18 @@ def write_gguf(path: Path, sums: dict[str, np.ndarray], count: int, dataset: str
     writer.add_uint32("imatrix.chunk_count", chunks)
     writer.add_uint32("imatrix.chunk_size", CHUNK_TOKENS)
     for name in sorted(sums):
-        writer.add_tensor(f"{name}.in_sum2", sums[name].reshape(1, -1))
-        writer.add_tensor(f"{name}.counts", np.array([[count]], dtype=np.float32))
+        writer.add_tensor(f"{name}.in_sum2", sums[name])
+        writer.add_tensor(f"{name}.counts", counts[name].astype(np.float32).reshape(-1, 1))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_gguf(path: Path, sums: dict[str, np.ndarray], count: int, dataset: str, chunks: int) -> None:
+    """The dense form: every tensor one matrix, every matrix seen by all `count` tokens."""
+    write_gguf_matrices(path, {name: value.reshape(1, -1) for name, value in sums.items()},
+                        {name: np.array([count]) for name in sums}, dataset, chunks)
 
 
 def write_dat(path: Path, sums: dict[str, np.ndarray], count: int, dataset: str, chunks: int) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from fixtures_decoders import DecoderFixture, _make_source
 from fixtures_imatrix import CHUNK_TOKENS, IMATRIX_FTYPES, quantize_with, text_sets
+from fixtures_imatrix import write_gguf_matrices as write_gguf
 
 FOLDER = "imatrix-moe"
 MOE = DecoderFixture(
@@ -100,25 +101,6 @@ def check_routing(counts: Counts, tokens: int, top_k: int) -> None:
     for name, seen in counts.items():
         if seen.size > 1 and (seen.sum() != tokens * top_k or (seen == 0).any()):
             raise RuntimeError(f"{name}: expert counts {seen.tolist()} for {tokens} tokens, top-{top_k}")
-
-
-def write_gguf(path: Path, sums: Sums, counts: Counts, dataset: str, chunks: int) -> None:
-    """llama-imatrix's GGUF form: `<name>.in_sum2` [ne0, n_mat] and `<name>.counts` [1, n_mat], sorted."""
-    import gguf
-
-    writer = gguf.GGUFWriter(path, arch="imatrix")
-    writer.kv_data[0].pop("general.architecture")  # llama-imatrix writes no architecture
-    writer.add_type("imatrix")
-    writer.add_array("imatrix.datasets", [dataset])
-    writer.add_uint32("imatrix.chunk_count", chunks)
-    writer.add_uint32("imatrix.chunk_size", CHUNK_TOKENS)
-    for name in sorted(sums):
-        writer.add_tensor(f"{name}.in_sum2", sums[name])
-        writer.add_tensor(f"{name}.counts", counts[name].astype(np.float32).reshape(-1, 1))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def _ncall(seen: np.ndarray) -> int:

@@ -429,29 +429,38 @@ def test_the_loop_applies_a_verdict_report_before_it_reaps_the_clean_exit(worker
     assert (final.state, final.verdict_result, final.failed_attempts) == (State.COMPLETED, "NO-GO", 0)
 
 
-def test_a_real_gate1_verification_through_the_restricted_credential(worker_login, factory, pg, tmp_path,
-                                                                     monkeypatch):
-    """End to end on Postgres: the loop claims and issues the secret, the Job entrypoint runs a real
-    gate-1 verification of MiniLM holding only the worker login and that secret, the loop applies the
-    outbox and the verdict is stored with its digests."""
-    from service.job import run_verification
+def dispatched_minilm(factory, settings, artifact, monkeypatch) -> tuple[str, int, DispatchLoop]:
+    """A gate-1 MiniLM verification submitted and claimed by the loop, its attempt's secret in this
+    process's environment (as the Job's Secret puts it in a pod's): (id, attempt, the loop)."""
     from service.schemas import SubmitRequest
     from service.verifications import submit
     from worker.digests import sha256_file
 
-    root = fixtures_root() / "minilm"
-    artifact = root / "minilm-F32.gguf"
-    settings = settings_for(pg, tmp_path, file_roots=(fixtures_root(),), lease_seconds=30)
+    source = fixtures_root() / "minilm" / "source"
     with transaction(factory) as session:
         verification_id = submit(session, settings, "alice", SubmitRequest(
-            source_uri=(root / "source").as_uri(), artifact_uri=artifact.as_uri(),
-            artifact_sha256=sha256_file(artifact), gates=[1]), None)[0].id
+            source_uri=source.as_uri(), artifact_uri=artifact.as_uri(), artifact_sha256=sha256_file(artifact),
+            gates=[1]), None)[0].id
     dispatcher = RecordingDispatcher()
     loop = DispatchLoop(dispatcher, factory, settings)
     loop.tick()
     ((launched_id, attempt, secret),) = dispatcher.launched
     assert launched_id == verification_id and secret
     monkeypatch.setenv(ATTEMPT_SECRET_ENV, secret)
+    return verification_id, attempt, loop
+
+
+def test_a_real_gate1_verification_through_the_restricted_credential(worker_login, factory, pg, tmp_path,
+                                                                     monkeypatch):
+    """End to end on Postgres: the loop claims and issues the secret, the Job entrypoint runs a real
+    gate-1 verification of MiniLM holding only the worker login and that secret, the loop applies the
+    outbox and the verdict is stored with its digests."""
+    from service.job import run_verification
+
+    root = fixtures_root() / "minilm"
+    artifact = root / "minilm-F32.gguf"
+    settings = settings_for(pg, tmp_path, file_roots=(fixtures_root(),), lease_seconds=30)
+    verification_id, attempt, loop = dispatched_minilm(factory, settings, artifact, monkeypatch)
     worker_settings = settings.model_copy(update={"database_url": worker_login.url})
     outcome: list[int] = []
     worker = threading.Thread(target=lambda: outcome.append(
@@ -517,23 +526,11 @@ def test_gate1_shards_through_the_restricted_credential(worker_login, factory, p
     from service.config import KubernetesSettings
     from service.job import run_verification
     from service.persistence.models import Gate1Shard
-    from service.schemas import SubmitRequest
-    from service.verifications import submit
-    from worker.digests import sha256_file
 
-    root = fixtures_root() / "minilm"
-    artifact = root / "minilm-Q8_0.gguf"
+    artifact = fixtures_root() / "minilm" / "minilm-Q8_0.gguf"
     settings = settings_for(pg, tmp_path, file_roots=(fixtures_root(),), lease_seconds=30, dispatcher="none",
                             kubernetes=KubernetesSettings(gate1_shard_bytes=1 << 20, max_gate1_shards=2))
-    with transaction(factory) as session:
-        verification_id = submit(session, settings, "alice", SubmitRequest(
-            source_uri=(root / "source").as_uri(), artifact_uri=artifact.as_uri(),
-            artifact_sha256=sha256_file(artifact), gates=[1]), None)[0].id
-    dispatcher = RecordingDispatcher()
-    loop = DispatchLoop(dispatcher, factory, settings)
-    loop.tick()
-    ((_, attempt, secret),) = dispatcher.launched
-    monkeypatch.setenv(ATTEMPT_SECRET_ENV, secret)
+    verification_id, attempt, loop = dispatched_minilm(factory, settings, artifact, monkeypatch)
     worker_settings = settings.model_copy(update={"database_url": worker_login.url})
     outcomes: list[int] = []
     workers = [threading.Thread(target=lambda shard=shard: outcomes.append(run_verification(
