@@ -4,7 +4,7 @@ of the same file (GGUFReader + gguf.quants.dequantize of every tensor, no checks
 
 Each measurement runs in its own subprocess so peak RSS (the kernel's ru_maxrss) is per task.
 Gate 1 is also run with a process pool of the CPU budget (at least 2) to show how it scales.
-Usage: python scripts/bench_gate1.py [--fixtures .fixtures] [--repeat 3] [--smoke]
+Usage: python scripts/bench_gate1.py [--fixtures .fixtures] [--repeat 3] [--smoke] [--source DIR --artifact GGUF ...]
 """
 
 from __future__ import annotations
@@ -92,13 +92,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="one fixture, one run (the test suite's check)")
+    parser.add_argument("--source", type=Path, help="another model's source directory (with --artifact)")
+    parser.add_argument("--artifact", type=Path, action="append", help="a GGUF of --source (repeatable)")
     args = parser.parse_args()
     minilm = args.fixtures / "minilm"
     cpus = max(2, cpu_budget())
     names = ("F32",) if args.smoke else ("F32", "Q4_K_M", "Q8_0")
     repeat = 1 if args.smoke else args.repeat
-    rows = [_row(f"minilm-{name}", str(minilm / f"minilm-{name}.gguf"), str(minilm / "source"), repeat, cpus)
-            for name in names]
+    cases = ([(path.stem, str(path), str(args.source)) for path in args.artifact] if args.source and args.artifact
+             else [(f"minilm-{name}", str(minilm / f"minilm-{name}.gguf"), str(minilm / "source")) for name in names])
+    rows = [_row(name, artifact, source, repeat, cpus) for name, artifact, source in cases]
     if args.json:
         print(json.dumps(rows, indent=2))
         return
