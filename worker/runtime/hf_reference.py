@@ -1,8 +1,10 @@
 """The Hugging Face reference: `tokenizers` from tokenizer.json and transformers on CPU.
 
 The tokenizer has padding and truncation switched off (MiniLM's tokenizer.json pads to 128, so a
-naive comparison would count pad tokens). Models are loaded once, in float32, in eval mode.
-Library errors are translated into `ReferenceMissingError` here, at the boundary.
+naive comparison would count pad tokens). Models run in float32, in eval mode, streamed from the
+safetensors module by module (worker/runtime/streamed_model.py: memory bounded by the largest module,
+not the model), or loaded whole when a source cannot be streamed bit for bit. Library errors are
+translated into `ReferenceMissingError` here, at the boundary.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from worker.errors import ReferenceMissingError, SourceError
 from worker.formats.json_input import parse_json
 from worker.resources import cpu_budget, limit_native_threads
 from worker.runtime.sentence_config import Pooling
+from worker.runtime.streamed_model import streamed_model
 from worker.versions import package_version
 
 
@@ -72,12 +75,14 @@ def _size_thread_pools(torch: Any) -> None:
 
 class HFModel:
     """transformers on CPU; the same object serves embeddings (base model), logits (causal LM) or
-    relevance scores (a sequence-classification head, `classifier=True`)."""
+    relevance scores (a sequence-classification head, `classifier=True`). `streamed=False` loads the
+    whole float32 model instead (the reference the streamed one is tested against)."""
 
-    def __init__(self, source_dir: Path, *, causal: bool, classifier: bool = False) -> None:
+    def __init__(self, source_dir: Path, *, causal: bool, classifier: bool = False, streamed: bool = True) -> None:
         self.source_dir = source_dir
         self.causal = causal
         self.classifier = classifier
+        self.streamed = streamed
 
     @cached_property
     def model(self) -> Any:
@@ -90,7 +95,9 @@ class HFModel:
             AutoModelForCausalLM if self.causal else AutoModel)
         _size_thread_pools(torch)
         try:
-            model = loader.from_pretrained(self.source_dir, dtype=torch.float32, use_safetensors=True)
+            model = streamed_model(loader, self.source_dir) if self.streamed else None
+            if model is None:
+                model = loader.from_pretrained(self.source_dir, dtype=torch.float32, use_safetensors=True)
         except ImportError as exc:
             raise ReferenceMissingError(f"transformers needs a package it cannot import: {exc}") from exc
         except Exception as exc:  # any failure to build the reference (unknown model type, shapes, remote code)
