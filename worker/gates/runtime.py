@@ -20,6 +20,7 @@ from worker.errors import CodedError, ReferenceMissingError, SourceError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
 from worker.gates.embedding_parity import check_embeddings
+from worker.gates.layer_divergence import locate_divergence
 from worker.gates.logits_parity import check_logits
 from worker.gates.relevance_parity import measure_relevance
 from worker.gates.tokenizer_parity import check_tokenizer
@@ -229,7 +230,9 @@ def run_runtime_gate(
         model = HFModel(source.root, causal=kind == "causal-lm", classifier=kind == "reranker")
         found, measured = _measure_kind(kind, _Compared(texts, hf, model, candidate, n_ctx), sentence,
                                         tokens.default_ids_equal, policy, precision, details)
-        blockers.extend(found)
+        blockers.extend(locate_divergence(found, details, texts=texts, model=model, candidate=candidate,
+                                          architecture=str(layout.metadata.get("general.architecture")),
+                                          precision=precision))
         progress("runtime", 3, 3)
         if empty := nothing_measured(details):
             return _not_run(started, empty, details, blockers)

@@ -1,0 +1,260 @@
+"""Gate 2's diagnosis of a failure: the first layer where llama.cpp and the reference part.
+
+A failing embedding, logits or relevance comparison says *that* the models differ, not *where*. Here
+both run the same token ids (llama.cpp's, so tokenization is out of the picture) for the first failing
+text; every layer's output is captured on both sides (llama.cpp's eval callback, forward hooks on the
+reference's layer modules) and compared by relative error ||h_llama - h_ref|| / ||h_ref|| over all
+positions. The first layer whose error exceeds its precision class's tolerance is named in the
+blockers; none exceeding it means the layers agree and the divergence is after them (output norm,
+pooling, head) or before them (tokenization, which the gate's own blockers then show).
+
+Hooks on the layer modules, not `output_hidden_states`: transformers puts the final norm into the
+last hidden state of decoders (LlamaModel, Qwen3Model, ...) but not of every encoder, whereas llama.cpp's
+`l_out-<il>` is always the raw block output. Diagnostic only: it never adds or removes a blocker, and
+runs only when the gate has already failed (no cost on GO).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from worker.blockers import Blocker
+from worker.errors import ConvgateError
+from worker.formats.gguf_structure import read_layout
+from worker.gates.relevance_parity import RERANK_SET
+from worker.quant.precision import PrecisionClass
+from worker.runtime.hf_reference import HFModel
+from worker.runtime.layer_trace import trace_layers
+from worker.runtime.llama_candidate import LlamaCandidate
+from worker.texts import Text
+from worker.thresholds import round_outward
+
+# Tolerance = LAYER_MARGIN x the worst per-layer relative error measured on honest conversions of the
+# class (any layer, any text), rounded outward. 3x is thresholds.py's 10x margin on squared distances
+# (NMSE) expressed on a plain relative L2 error (sqrt(10) ~ 3.2). An absolute bound, not a jump from the
+# previous layer: honest curves grow smoothly with depth (each layer at most ~1.9x the one before), but
+# layer 0 has no previous layer and an MoE routing flip at F16 (arch-qwen3moe-F16) jumps at layer 0.
+LAYER_MARGIN = 3.0
+LAYER_FLOOR = 1e-4  # an F32-vs-F32 class would otherwise get a tolerance that summation order breaks
+# Positions traced: a defect in a block shows at every position, and llama.cpp's layers are held until
+# the reference has run (n_layer x positions x n_embd floats: 80 x 64 x 8192 x 4 B = 168 MiB for a 70B).
+MAX_TRACE_POSITIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class HonestLayers:
+    """The worst per-layer relative error one honest conversion showed over the measured texts."""
+
+    fixture: str
+    precision: PrecisionClass
+    worst: float
+
+
+# Measured on 2026-11-30 (llama-cpp-python 0.3.36, transformers 4.57, torch 2.13, CPU) with
+# `measure_honest_layers` over the three English texts of the gate-2 tests, on the built fixtures and
+# .fixtures/threshold-study. Re-measure after upgrading a runtime.
+MEASURED_LAYERS: tuple[HonestLayers, ...] = (
+    HonestLayers('minilm-F32', 'float', 0.00172),
+    HonestLayers('minilm-F16', 'float', 0.00173),
+    HonestLayers('minilm-BF16', 'float', 0.00536),
+    HonestLayers('tiny-llama-F32', 'float', 0.000473),
+    HonestLayers('tiny-llama-F16', 'float', 0.000753),
+    HonestLayers('tiny-llama-BF16', 'float', 0.00506),
+    HonestLayers('tiny-qwen3-F32', 'float', 0.000366),
+    HonestLayers('tiny-qwen3-F16', 'float', 0.000628),
+    HonestLayers('arch-llama-F16', 'float', 0.000551),
+    HonestLayers('arch-mistral-F16', 'float', 0.000641),
+    HonestLayers('arch-qwen2-F16', 'float', 0.000518),
+    HonestLayers('arch-qwen3moe-F16', 'float', 0.0134),
+    HonestLayers('arch-gemma2-F16', 'float', 0.00101),
+    HonestLayers('arch-gemma3-F16', 'float', 0.00135),
+    HonestLayers('arch-phi3-F16', 'float', 0.000539),
+    HonestLayers('arch-modernbert-F16', 'float', 0.00133),
+    HonestLayers('arch-xlm-roberta-F16', 'float', 0.000127),
+    HonestLayers('minilm-Q8_0', '8bit', 0.0278),
+    HonestLayers('tiny-llama-Q8_0', '8bit', 0.0151),
+    HonestLayers('tiny-qwen3-Q8_0', '8bit', 0.0133),
+    HonestLayers('tiny-qwen3-Q6_K', '8bit', 0.0133),
+    HonestLayers('arch-llama-Q8_0', '8bit', 0.0109),
+    HonestLayers('arch-mistral-Q8_0', '8bit', 0.0142),
+    HonestLayers('arch-qwen2-Q8_0', '8bit', 0.0112),
+    HonestLayers('arch-qwen3moe-Q8_0', '8bit', 0.0144),
+    HonestLayers('arch-gemma2-Q8_0', '8bit', 0.02),
+    HonestLayers('arch-gemma3-Q8_0', '8bit', 0.0279),
+    HonestLayers('arch-phi3-Q8_0', '8bit', 0.0113),
+    HonestLayers('arch-modernbert-Q8_0', '8bit', 0.0249),
+    HonestLayers('arch-xlm-roberta-Q8_0', '8bit', 0.00337),
+    HonestLayers('minilm-Q6_K', '6bit', 0.0391),
+    HonestLayers('tiny-llama-Q6_K', '6bit', 0.0451),
+    HonestLayers('minilm-Q5_0', '5bit', 0.123),
+    HonestLayers('minilm-Q5_K_M', '5bit', 0.097),
+    HonestLayers('tiny-llama-Q5_0', '5bit', 0.0999),
+    HonestLayers('tiny-llama-Q5_K_M', '5bit', 0.0855),
+    HonestLayers('tiny-qwen3-Q5_K_M', '5bit', 0.0627),
+    HonestLayers('tiny-qwen3-Q4_K_M', '5bit', 0.0606),
+    HonestLayers('minilm-Q4_0', '4bit', 0.227),
+    HonestLayers('minilm-Q4_K_M', '4bit', 0.124),
+    HonestLayers('minilm-Q3_K_M', '4bit', 0.197),
+    HonestLayers('tiny-llama-Q4_0', '4bit', 0.188),
+    HonestLayers('tiny-llama-Q4_K_M', '4bit', 0.164),
+    HonestLayers('tiny-qwen3-Q3_K_M', '4bit', 0.0912),
+    HonestLayers('minilm-Q2_K', 'lower', 0.272),
+    HonestLayers('tiny-llama-Q3_K_M', 'lower', 0.211),
+    HonestLayers('tiny-llama-Q2_K', 'lower', 0.538),
+)
+
+
+def layer_tolerance(precision: PrecisionClass) -> float:
+    """LAYER_MARGIN over the worst honest per-layer error of the class, rounded outward."""
+    worst = [m.worst for m in MEASURED_LAYERS if m.precision == precision]
+    if not worst:
+        raise ValueError(f"no honest per-layer error measured for precision class {precision!r}")
+    return round_outward(max(LAYER_FLOOR, LAYER_MARGIN * max(worst)), up=True)
+
+
+def relative_error(candidate: np.ndarray, reference: np.ndarray) -> float:
+    """||candidate - reference|| / ||reference|| over every position of one layer ([pos, dim])."""
+    if candidate.shape != reference.shape:
+        raise ValueError(f"llama.cpp's layer {candidate.shape} and the reference's {reference.shape} differ")
+    ref = reference.astype(np.float64)
+    norm = float(np.linalg.norm(ref))
+    return float(np.linalg.norm(candidate.astype(np.float64) - ref)) / norm if norm > 0 else math.inf
+
+
+def first_divergent_layer(errors: Sequence[float], tolerance: float) -> int | None:
+    """The first layer beyond `tolerance` (NaN counts as beyond), or None when every layer is within."""
+    return next((layer for layer, error in enumerate(errors) if not error <= tolerance), None)
+
+
+def _layer_modules(model: Any) -> Any:
+    """The reference's block list: the first ModuleList as long as the config's layer count."""
+    import torch
+
+    n_layer = model.config.num_hidden_layers
+    found = next((module for _, module in model.named_modules()
+                  if isinstance(module, torch.nn.ModuleList) and len(module) == n_layer), None)
+    if found is None:
+        raise ValueError(f"the reference has no list of {n_layer} layer modules to hook")
+    return found
+
+
+def reference_errors(model: Any, ids: list[int], candidate: np.ndarray) -> list[float]:
+    """Each block of the transformers `model` run on `ids`, its raw output compared with llama.cpp's layer
+    (`candidate`, [n_layer, n_tokens, n_embd]) as soon as it is produced: no reference layer is kept."""
+    import torch
+
+    errors: dict[int, float] = {}
+
+    def compare(layer: int) -> Any:
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            hidden = output[0] if isinstance(output, tuple) else output
+            errors[layer] = relative_error(candidate[layer], hidden[0].detach().numpy())
+        return hook
+
+    blocks = _layer_modules(model)
+    if len(blocks) != len(candidate):
+        raise ValueError(f"llama.cpp has {len(candidate)} layers, the reference {len(blocks)}")
+    handles = [block.register_forward_hook(compare(layer)) for layer, block in enumerate(blocks)]
+    try:
+        with torch.inference_mode():
+            tensor = torch.tensor([ids], dtype=torch.long)
+            model(input_ids=tensor, attention_mask=torch.ones_like(tensor))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [errors[layer] for layer in range(len(blocks))]
+
+
+def layer_curve(reference_model: Any, llama_model: Any, architecture: str, ids: list[int]) -> list[float]:
+    """Per-layer relative error of llama.cpp against the reference on the same token ids."""
+    candidate = trace_layers(llama_model, architecture, ids)
+    return reference_errors(reference_model, ids, candidate)
+
+
+def measure_curves(source_dir: Path, artifact: Path, texts: Sequence[str]) -> list[list[float]]:
+    """Each text's per-layer curve on one conversion, outside any gate: how MEASURED_LAYERS was measured.
+    The base model serves every kind (a causal LM's or classifier's head comes after the last block)."""
+    architecture = str(read_layout(artifact).metadata["general.architecture"])
+    model = HFModel(source_dir, causal=False)
+    candidate = LlamaCandidate(artifact, embedding=True, n_ctx=512)
+    try:
+        return [layer_curve(model.model, candidate.llm.model, architecture,
+                            candidate.tokenize(text, add_special=True, parse_special=False)) for text in texts]
+    finally:
+        candidate.close()
+
+
+def _worst_pair(found: Sequence[Blocker], per_pair: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """The (query, document) pair of the first failing query that llama.cpp scores furthest off."""
+    queries = {query.label: query for query in RERANK_SET}
+    named = next((b.text for b in found if b.text is not None), None)
+    rows = [p for p in per_pair if queries[p["query"]].query == named] or per_pair
+    if not rows:
+        return None
+    pair = max(rows, key=lambda p: math.inf if math.isnan(p["abs_diff"]) else p["abs_diff"])
+    query = queries[pair["query"]]
+    return query.query, query.documents[pair["document"]]
+
+
+def _worst_text(found: Sequence[Blocker], details: dict[str, Any], texts: Sequence[Text]) -> str | None:
+    """The first text a blocker names; else (aggregate logits or retrieval blockers) the worst measured."""
+    named = next((b.text for b in found if b.text is not None), None)
+    if named is not None:
+        return named
+    if "logits" in details:
+        rows = details["logits"]["per_text"]
+        worst = max(rows, key=lambda r: r["kl_mean"], default=None)
+    else:
+        rows = details["embeddings"]["per_text"]
+        worst = min(rows, key=lambda r: r["cosine"], default=None)
+    return next((t.text for t in texts if worst is not None and t.label == worst["label"]), None)
+
+
+def failing_input(found: Sequence[Blocker], details: dict[str, Any], texts: Sequence[Text],
+                  candidate: Any) -> tuple[str, list[int]] | None:
+    """The first failing text (or (query, document) pair) and llama.cpp's token ids for it."""
+    if "relevance" in details:
+        pair = _worst_pair(found, details["relevance"]["per_pair"])
+        return None if pair is None else (" | ".join(pair), candidate.pair_tokens(*pair))
+    text = _worst_text(found, details, texts)
+    return None if text is None else (text, candidate.tokenize(text, add_special=True, parse_special=False))
+
+
+def _suffix(divergence: dict[str, Any]) -> str:
+    if "error" in divergence:
+        return f"; layer trace unavailable: {divergence['error']}"
+    layer = divergence["first_divergent_layer"]
+    if layer is None:
+        return (f"; every layer agrees within {divergence['tolerance']:g} on the traced text, so the models part "
+                "after the last layer (output norm, pooling, head) or before the first (token ids)")
+    return f"; first diverges at layer {layer} (relative error {divergence['layers'][layer]:.3g} > " \
+           f"{divergence['tolerance']:g})"
+
+
+def locate_divergence(found: list[Blocker], details: dict[str, Any], *, texts: Sequence[Text], model: Any,
+                      candidate: Any, architecture: str, precision: PrecisionClass) -> list[Blocker]:
+    """When gate 2's comparison failed: trace the first failing text layer by layer, put the curve in
+    `details["layer_divergence"]` and name the first divergent layer in every blocker's `why`."""
+    if not found:
+        return found
+    chosen = failing_input(found, details, texts, candidate)
+    if chosen is None:
+        return found
+    text, ids = chosen[0], chosen[1][:MAX_TRACE_POSITIONS]
+    tolerance = layer_tolerance(precision)
+    divergence: dict[str, Any] = {"text": text, "positions": len(ids), "tolerance": tolerance, "criterion":
+                                  f"relative L2 error per layer > {LAYER_MARGIN:g}x the worst honest {precision}"}
+    try:
+        errors = layer_curve(model.model, candidate.llm.model, architecture, ids)
+        divergence.update(layers=errors, first_divergent_layer=first_divergent_layer(errors, tolerance))
+    except (ConvgateError, ValueError, RuntimeError) as exc:  # a diagnosis never fails the gate itself
+        divergence["error"] = f"{type(exc).__name__}: {exc}"
+    details["layer_divergence"] = divergence
+    suffix = _suffix(divergence)
+    return [blocker.model_copy(update={"why": blocker.why + suffix}) for blocker in found]
