@@ -127,9 +127,11 @@ def measure(params: int, source: Path, name: str, artifact: Path) -> dict[str, f
     deq = child([sys.executable, "-c", DEQUANTIZE, str(artifact)])
     hf = child([sys.executable, "-c", HF_EMBED, str(source), str(TEXTS)])
     ll = child([sys.executable, "-c", LLAMA_EMBED, str(artifact), str(TEXTS)])
-    return {"params": params, "type": name, "gate1_s": g1_wall, "gate1_mib": g1_rss,
-            "gate1_weights_per_s": params / g1["gates"]["storage"]["seconds"], "gate1_verdict": g1["verdict"],
-            "dequantize_s": deq[0], "dequantize_mib": deq[1], "gate2_s": g2_wall, "gate2_mib": g2_rss,
+    gate1_s, gate2_s = g1["gates"]["storage"]["seconds"], g2["gates"]["runtime"]["seconds"]
+    return {"params": params, "type": name, "gate1_s": gate1_s, "gate1_wall_s": g1_wall, "gate1_mib": g1_rss,
+            "gate1_weights_per_s": params / gate1_s, "gate1_verdict": g1["verdict"],
+            "dequantize_s": deq[0], "dequantize_mib": deq[1], "gate2_s": gate2_s, "gate2_wall_s": g2_wall,
+            "gate2_mib": g2_rss,
             "gate2_verdict": g2["verdict"], "hf_embed_s": hf[0], "hf_embed_mib": hf[1],
             "llama_embed_s": ll[0], "llama_embed_mib": ll[1]}
 
@@ -162,16 +164,19 @@ def report(rows: list[dict], pool_efficiency: float) -> None:
         print(f"  {name:<7} gate 1 {fits['gate1_s'][0]:.0f} s/B, {fits['gate1_mib'][0]:.0f} MiB/B "
               f"(dequantize baseline {fits['dequantize_s'][0]:.0f} s/B); gate 2 {fits['gate2_s'][0]:.0f} s/B, "
               f"{fits['gate2_mib'][0]:.0f} MiB/B (transformers alone {fits['hf_embed_mib'][0]:.0f} MiB/B)")
+        rate = typed[-1]["gate1_weights_per_s"]  # the largest model's throughput: startup costs amortised
         for billions in (7, 70):
-            one_core = fits["gate1_s"][0] * billions + fits["gate1_s"][1]
+            one_core = billions * 1e9 / rate
             spread = ", ".join(f"{cores} cores {one_core / (1 + (cores - 1) * pool_efficiency) / 60:.1f} min"
                                for cores in (2, 8, 32))
             print(f"          {billions}B: gate 1 ~{one_core / 60:.1f} min on one core; {spread}; "
                   f"peak RSS gate 1 ~{(fits['gate1_mib'][0] * billions + fits['gate1_mib'][1]) / 1024:.1f} GiB, "
                   f"gate 2 ~{(fits['gate2_mib'][0] * billions + fits['gate2_mib'][1]) / 1024:.1f} GiB")
-    print(f"(projection assumes gate 1 work grows linearly with parameters and each extra core or pod adds "
-          f"{pool_efficiency:.2f} of one core's speed, the pool efficiency measured by bench_gate1.py on 2 cores; "
-          "memory lines are the fitted lines, the largest layer not modelled separately)")
+    print(f"(gate seconds are the reports' own, without interpreter start; the time projection divides the "
+          f"parameters by the largest model's gate-1 weights/s and assumes each extra core or pod adds "
+          f"{pool_efficiency:.2f} of one core's speed (--pool-efficiency, from bench_gate1.py's pool speed-up); "
+          "peak RSS is ru_maxrss, which counts the GGUF's and the source's mapped pages as well as anonymous "
+          "memory, and the memory projection is the fitted line)")
 
 
 def main() -> None:

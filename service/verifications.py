@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from edge.redact import redact
@@ -84,24 +83,16 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
         {"request": public_request(request), "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
     if (shards := gate1_shards(settings, body)) > 1:
         request["shards"] = shards  # a deployment choice, not part of what was asked: outside the identity
-    if idempotency_key is not None:
-        existing = repository.by_idempotency_key(session, submitter, idempotency_key)
-        if existing is not None:
-            return _same_request(existing, request_sha256), False
-    try:
-        with session.begin_nested():
-            verification = repository.insert_verification(
-                session, submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
-                request=request, policy=policy.model_dump(mode="json"), policy_sha256=policy.sha256(),
-                max_attempts=settings.max_attempts)
-            verification.policy_origin = policy_origin
-            session.flush()
-    except IntegrityError:
-        existing = repository.by_idempotency_key(session, submitter, idempotency_key or "")
-        if existing is None:
-            raise
-        return _same_request(existing, request_sha256), False
-    return verification, True
+    verification = repository.insert_unless_known(
+        session, submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
+        request=request, policy=policy.model_dump(mode="json"), policy_sha256=policy.sha256(),
+        max_attempts=settings.max_attempts, policy_origin=policy_origin)
+    if verification is not None:
+        return verification, True
+    existing = repository.by_idempotency_key(session, submitter, idempotency_key or "")
+    if existing is None:  # only the idempotency key is unique among what a submission writes
+        raise RuntimeError("a submission was refused by the database without a known idempotency key")
+    return _same_request(existing, request_sha256), False
 
 
 def _same_request(existing: Verification, request_sha256: str) -> Verification:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,7 +17,7 @@ from service.api.limits import BodyLimitMiddleware
 from service.auth import OPERATE
 from service.config import Settings
 from service.metrics import make_registry
-from service.persistence.db import make_engine, session_factory, transaction
+from service.persistence.db import API_THREADS, make_engine, session_factory, transaction
 
 
 def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
@@ -25,6 +26,7 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS  # one connection each
         loop = None
         if run_dispatcher and settings.dispatcher != "none":
             from service.dispatch.loop import DispatchLoop

@@ -2,27 +2,47 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
 from service.auth import Role, digest
 from service.config import Settings
 from service.persistence import tokens
-from service.persistence.db import transaction
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
+    """Async, like every dependency here that does no I/O: a sync one costs a trip to a pool thread."""
     return request.app.state.settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """The request owns its unit of work: commit when the endpoint returns, roll back if it raises."""
-    with transaction(request.app.state.session_factory) as session:
+async def _off_the_loop(step: Callable[[], object]) -> None:
+    """A commit or rollback, in a pool thread of its own (like FastAPI's own teardown: a fresh limiter,
+    so it never waits behind requests that wait for this connection), never cancelled half-way."""
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(step, limiter=anyio.CapacityLimiter(1))
+
+
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """The request owns its unit of work: commit when the endpoint returns, roll back if it raises.
+    Opening a session does no I/O, so it happens on the event loop; the teardown goes to a thread only
+    when a transaction is still open (an endpoint that committed itself costs none)."""
+    session = request.app.state.session_factory()
+    try:
         yield session
+        if session.in_transaction():
+            await _off_the_loop(session.commit)
+    except BaseException:
+        if session.in_transaction():
+            await _off_the_loop(session.rollback)
+        raise
+    finally:
+        session.close()  # committed or rolled back above: nothing left to send from the loop
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -46,8 +66,8 @@ def _bearer(request: Request) -> str | None:
 
 
 def principal_for(session: Session, secret: str | None) -> Principal | None:
-    token = tokens.active_token(session, digest(secret)) if secret else None
-    return None if token is None else Principal(token.name, Role(token.role))
+    found = tokens.active_name_and_role(session, digest(secret)) if secret else None
+    return None if found is None else Principal(found[0], Role(found[1]))
 
 
 def _principal_or_401(session: Session, secret: str | None) -> Principal:
@@ -87,13 +107,13 @@ def _check(principal: Principal, roles: frozenset[Role]) -> Principal:
 
 def require(roles: frozenset[Role]):
     """A dependency that admits only `roles` (bearer header)."""
-    def check(principal: PrincipalDep) -> Principal:
+    async def check(principal: PrincipalDep) -> Principal:
         return _check(principal, roles)
     return Depends(check)
 
 
 def require_ui(roles: frozenset[Role]):
     """A dependency for the UI's GET pages that admits only `roles` (header or UI cookie)."""
-    def check(principal: UiPrincipalDep) -> Principal:
+    async def check(principal: UiPrincipalDep) -> Principal:
         return _check(principal, roles)
     return Depends(check)

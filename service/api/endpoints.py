@@ -7,12 +7,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import HTMLResponse, PlainTextResponse
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service import verifications
 from service.api import access_log
 from service.api.deps import Principal, SessionDep, SettingsDep, require
 from service.api.errors import ERRORS
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT
+from service.config import Settings
 from service.lifecycle import State
 from service.persistence import repository, stats
 from service.persistence.models import Verification
@@ -47,11 +50,19 @@ def _visible(session: SessionDep, verification_id: str, principal: Principal) ->
 @router.post("/verifications", status_code=status.HTTP_202_ACCEPTED, response_model=VerificationOut,
              responses={200: {"model": VerificationOut, "description": "a repeat of an Idempotency-Key"},
                         409: {"model": ERRORS[400]["model"], "description": "Idempotency-Key used for another"}})
-def create_verification(
+async def create_verification(
     body: SubmitRequest, response: Response, session: SessionDep, settings: SettingsDep,
     principal: Annotated[Principal, require(SUBMIT)],
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200, pattern=PRINTABLE)] = None,
 ) -> VerificationOut:
+    """Async around one pool-thread call: a sync endpoint would cross to the threadpool a second time
+    just to validate its own response."""
+    return await run_in_threadpool(_create_verification, body, response, session, settings, principal,
+                                   idempotency_key)
+
+
+def _create_verification(body: SubmitRequest, response: Response, session: Session, settings: Settings,
+                         principal: Principal, idempotency_key: str | None) -> VerificationOut:
     try:
         verification, created = verifications.submit(session, settings, principal.name, body, idempotency_key,
                                                       may_author_policies=principal.role in AUTHOR_POLICIES)
@@ -80,7 +91,7 @@ def read_verification(verification_id: VerificationId, request: Request, session
 
 
 @router.get("/verifications", response_model=VerificationList)
-def list_verifications(
+async def list_verifications(
     request: Request, session: SessionDep, principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
     artifact_sha256: Annotated[str | None, Query(pattern=SHA256)] = None,
     source_uri: FilterText = None,
@@ -100,10 +111,16 @@ def list_verifications(
         submitted_by = principal.name
     filters = repository.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
                                      policy_origin=policy_origin, policy=policy)
-    rows, next_cursor = repository.list_verifications(session, filters, limit=limit,
-                                                      cursor=cursor)
+    return await run_in_threadpool(_list_page, request, session, principal, filters, limit, cursor)
+
+
+def _list_page(request: Request, session: Session, principal: Principal, filters: repository.ListFilters,
+               limit: int, cursor: str | None) -> VerificationList:
+    """The page and its access-log entry, committed here: one pool-thread call for the whole request."""
+    rows, next_cursor = repository.list_verifications(session, filters, limit=limit, cursor=cursor)
     access_log.record(session, request, principal, "list_verifications")
     items = [verifications.to_out(session, row, with_blockers=False) for row in rows]
+    session.commit()
     return VerificationList(items=items, next_cursor=next_cursor)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from service.persistence.models import AccessLogRecord
@@ -17,9 +17,12 @@ from service.persistence.repository import now
 
 def record_access(session: Session, *, principal: str, role: str, action: str, path: str,
                   query: dict[str, Any], verification_id: str | None = None) -> None:
-    session.add(AccessLogRecord(at=now(), principal=principal, role=role, action=action,
-                                verification_id=verification_id, path=path, query=query))
-    session.flush()
+    """One INSERT, sent now (a failing write fails the read); nothing is read back, so no ORM object."""
+    session.execute(_APPEND, {"at": now(), "principal": principal, "role": role, "action": action,
+                              "verification_id": verification_id, "path": path, "query": query})
+
+
+_APPEND = insert(AccessLogRecord)  # built once, executed with parameters
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast, overload
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -48,22 +49,46 @@ def _event(session: Session, verification_id: str, from_state: str | None, to_st
                                   to_state=to_state, attempt=attempt, message=message, reason_code=reason))
 
 
-def insert_verification(session: Session, *, submitted_by: str, idempotency_key: str | None, request_sha256: str,
-                        request: dict[str, Any], policy: dict[str, Any], policy_sha256: str,
-                        max_attempts: int) -> Verification:
-    """Raises IntegrityError when the submitter already used `idempotency_key`."""
+def _new_row(*, submitted_by: str, idempotency_key: str | None, request_sha256: str, request: dict[str, Any],
+             policy: dict[str, Any], policy_sha256: str, max_attempts: int,
+             policy_origin: str | None = None) -> dict[str, Any]:
+    """A queued verification's columns; its id is made here."""
     moment = now()
-    verification = Verification(
+    return dict(
         id=str(uuid.uuid4()), submitted_by=submitted_by, idempotency_key=idempotency_key,
         request_sha256=request_sha256, source_uri=request["source_uri"], artifact_uri=request["artifact_uri"],
         artifact_sha256=request["artifact_sha256"], request=request, policy=policy, policy_sha256=policy_sha256,
         state=State.QUEUED, attempt=0, max_attempts=max_attempts, created_at=moment, updated_at=moment,
+        **({} if policy_origin is None else {"policy_origin": policy_origin}),
     )
+
+
+def insert_verification(session: Session, **columns: Any) -> Verification:
+    """Raises IntegrityError when the submitter already used `idempotency_key` (see `_new_row`)."""
+    verification = Verification(**_new_row(**columns))
     session.add(verification)
-    session.flush()
     _event(session, verification.id, None, State.QUEUED, 0, Reason.SUBMITTED, "submitted")
     session.flush()
     return verification
+
+
+def insert_unless_known(session: Session, **columns: Any) -> Verification | None:
+    """The new verification and its event, or None when the submitter already used `idempotency_key`:
+    the INSERT yields to the unique index (ON CONFLICT DO NOTHING, waiting for a concurrent duplicate
+    to commit or roll back) instead of failing, so a submission needs no savepoint and no SELECT first."""
+    row = _new_row(**columns)
+    verification = session.scalar(_INSERT_UNLESS_KNOWN[session.get_bind().dialect.name], row)
+    if verification is not None:
+        session.execute(_INSERT_EVENT, {"verification_id": verification.id, "at": row["created_at"],
+                                        "from_state": None, "to_state": State.QUEUED, "attempt": 0,
+                                        "message": "submitted", "reason_code": Reason.SUBMITTED})
+    return verification
+
+
+# Built once, executed with parameters: the values stay out of the statement (and its cache key).
+_INSERT_UNLESS_KNOWN = {name: dialect.insert(Verification).on_conflict_do_nothing().returning(Verification)
+                        for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))}
+_INSERT_EVENT = insert(VerificationEvent)
 
 
 def by_idempotency_key(session: Session, submitted_by: str, key: str) -> Verification | None:

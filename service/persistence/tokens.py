@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -22,6 +22,16 @@ def add_token(session: Session, name: str, role: str, token_sha256: str) -> ApiT
 def active_token(session: Session, token_sha256: str) -> ApiToken | None:
     return session.scalar(select(ApiToken).where(ApiToken.token_sha256 == token_sha256,
                                                  ApiToken.revoked_at.is_(None)))
+
+
+def active_name_and_role(session: Session, token_sha256: str) -> tuple[str, str] | None:
+    """What every request asks of its token: two columns, no ORM object to build (see active_token)."""
+    row = session.execute(_NAME_AND_ROLE, {"token_sha256": token_sha256}).first()
+    return None if row is None else (row.name, row.role)
+
+
+_NAME_AND_ROLE = select(ApiToken.name, ApiToken.role).where(ApiToken.token_sha256 == bindparam("token_sha256"),
+                                                            ApiToken.revoked_at.is_(None))  # built once
 
 
 def revoke_token(session: Session, name: str) -> bool:
