@@ -19,7 +19,8 @@ from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS
 # field: (lowest accepted, highest accepted or None when unbounded)
 BOUNDS = {"tie_ulps": (0, 16), "reader_crosscheck_rows": (2, 64), "max_context_tokens": (16, None),
           "max_logit_positions": (1, None), "systematic_fraction": (0.5, 1.0)}
-DEFAULTS = {"version": "2026.11-4", "reproduce_quantized": True, "reproduce_sample": 1.0, "tie_ulps": 4, "reader_crosscheck_rows": 4,
+DEFAULTS = {"version": "2026.11-4", "reproduce_quantized": True, "reproduce_sample": 1.0, "tie_ulps": 4,
+            "reader_crosscheck_rows": 4,
             "token_ids_exact": True, "require_top1_equal": True, "contradiction_high_cosine": 0.999,
             "contradiction_low_cosine": 0.9, "max_context_tokens": 2048, "max_logit_positions": 256,
             "without_imatrix": "no-go", "other_quantizer": "no-go", "systematic_fraction": 0.5}
