@@ -5,12 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from sqlalchemy.orm import Session
 
+from edge.file_roots import file_uri_path
 from edge.redact import redact
 from edge.uri_policy import UriRefusedError
 from service.config import INLINE_VERSION_PREFIX, Settings
@@ -55,7 +54,7 @@ def gate1_shards(settings: Settings, body: SubmitRequest) -> int:
         return 1
     size = body.artifact_size
     if size is None and body.artifact_uri.startswith("file://"):
-        path = Path(unquote(urlparse(body.artifact_uri).path))
+        path = file_uri_path(body.artifact_uri)
         size = path.stat().st_size if path.is_file() else None
     return 1 if size is None else max(1, min(kube.max_gate1_shards, math.ceil(size / kube.gate1_shard_bytes)))
 

@@ -162,10 +162,11 @@ def _storage_notes(storage: GateResult) -> list[str]:
     return notes + list(storage.details.get("metadata_not_verified", []))
 
 
-def _run_gates(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress, shard: int,
-               shards: int) -> tuple[Report, StoragePart | None]:
-    """Every requested gate but gate 1's merge: (the report without gate 1's values, this shard's part).
-    Gates 2 and 3 run whole, in shard 0; a stop before any gate gives the full report and no part."""
+def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress, shard: int,
+                 shards: int) -> tuple[Report, StoragePart | None]:
+    """One shard of a verification split over pods: (the report without gate 1's values, this shard's part
+    of gate 1). Gates 2 and 3 run whole, in shard 0; a stop before any gate gives the full report and no
+    part. `merge_shards(shard 0's report, every part)` gives the verification's report."""
     run = _Run(request)
     source_dir, artifact = inputs.source, inputs.artifact
     if not source_dir.is_dir():
@@ -239,17 +240,10 @@ def merge_shards(head: Report, parts: list[StoragePart], policy: Policy) -> Repo
     })
 
 
-def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress,
-                 shard: int, shards: int) -> tuple[Report, StoragePart | None]:
-    """One shard of a verification split over pods: its part of gate 1 (and, in shard 0, every other gate).
-    `merge_shards(shard 0's report, every part)` gives the verification's report."""
-    return _run_gates(request, inputs, policy, progress, shard, shards)
-
-
 def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress = no_progress) -> Report:
     """Run the requested gates on local files. GO needs zero blockers and every requested gate to have run.
     Gate 1 is one part merged alone: the same path, and so the same report, as a run split over pods."""
-    head, part = _run_gates(request, inputs, policy, progress, 0, 1)
+    head, part = verify_shard(request, inputs, policy, progress, 0, 1)
     return head if part is None else merge_shards(head, [part], policy)
 
 

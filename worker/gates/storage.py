@@ -17,7 +17,7 @@ from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for, supported
 from worker.gates.inventory import Inventory, take_inventory
 from worker.gates.metadata_check import MetadataOutcome, check_metadata
-from worker.gates.storage_parts import CheckedPair, StoragePart, assign, merge_parts
+from worker.gates.storage_parts import StoragePart, assign, merge_parts
 from worker.gates.value_checks import check_values, pool_size
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
@@ -106,8 +106,7 @@ def run_storage_part(
             "metadata_not_verified": metadata.not_verified}
     return StoragePart(
         shard=shard, shards=shards, artifact_sha256=sample_seed, pair_names=[pair.gguf_name for pair in pairs],
-        checked=[CheckedPair(index=index, row=outcome.row, blockers=outcome.blockers, weighted=outcome.weighted)
-                 for index, outcome in zip(mine, outcomes, strict=True)],
+        checked=outcomes,
         head_blockers=list(inventory.blockers) + metadata.blockers, head=head,
         imatrix=_imatrix_details(imatrix, imatrix_file), seconds=time.perf_counter() - started,
     )

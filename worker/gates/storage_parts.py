@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from worker.blockers import Blocker
 from worker.gates.systematic import reclassify
+from worker.gates.value_checks import CheckedPair
 from worker.policy import Policy
 from worker.quant.sampling import sampling_details
 from worker.report import GateResult, TensorRow
@@ -25,15 +26,6 @@ from worker.report import GateResult, TensorRow
 
 class MergeError(ValueError):
     """The parts do not make one gate-1 result (missing, duplicated or from different inputs)."""
-
-
-class CheckedPair(BaseModel):
-    """One inventory pair's outcome inside a part."""
-
-    index: int
-    row: TensorRow | None
-    blockers: list[Blocker]
-    weighted: bool
 
 
 class StoragePart(BaseModel):

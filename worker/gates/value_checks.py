@@ -14,9 +14,11 @@ import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel
 
 from worker.blockers import Blocker
 from worker.errors import ReferenceMissingError, UnsupportedTypeError
@@ -34,10 +36,12 @@ from worker.report import TensorRow
 PARALLEL_MIN_WEIGHTS = 32_000_000
 
 
-@dataclass(frozen=True)
-class Checked:
-    """One tensor's outcome: its row (None when it could not be compared) and blockers."""
+class CheckedPair(BaseModel):
+    """One inventory pair's outcome: its row (None when it could not be compared), blockers, and whether
+    an importance matrix weighed it. Plain data: it crosses process pipes and, in a shard's part, the
+    database."""
 
+    index: int
     row: TensorRow | None
     blockers: list[Blocker]
     weighted: bool
@@ -55,23 +59,24 @@ class ValueJob:
     sample_seed: str | None
 
 
-def check_one(file_bytes: np.ndarray, layout: GGUFLayout, pair: Pairing, policy: Policy,
-              imatrix: ImportanceMatrix | None, sample_seed: str | None = None) -> Checked:
-    """One paired tensor; errors that concern only this tensor become its blockers."""
+def check_one(file_bytes: np.ndarray, layout: GGUFLayout, pair: Pairing, index: int, policy: Policy,
+              imatrix: ImportanceMatrix | None, sample_seed: str | None = None) -> CheckedPair:
+    """Inventory pair `index`; errors that concern only this tensor become its blockers."""
     info = layout.tensor(pair.gguf_name)
+    blocked = partial(CheckedPair, index=index, row=None, weighted=False)
     try:
         weights = imatrix.weights_for(info.name, info.shape) if imatrix and info.ggml_type.quantized else None
         row, blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy, quant_weights=weights,
                                      sample_seed=sample_seed)
     except ImatrixError as exc:
-        return Checked(None, [Blocker(code=exc.code, gate="storage", why=exc.why, tensor=info.name)], False)
+        return blocked(blockers=[Blocker(code=exc.code, gate="storage", why=exc.why, tensor=info.name)])
     except ReferenceMissingError as exc:
-        return Checked(None, [Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
-                                      tensor=info.name)], False)
+        return blocked(blockers=[Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc),
+                                         tensor=info.name)])
     except UnsupportedTypeError as exc:
-        return Checked(None, [Blocker(code="tensor.type_unsupported", gate="storage", why=str(exc),
-                                      tensor=info.name)], False)
-    return Checked(row, blockers, weights is not None)
+        return blocked(blockers=[Blocker(code="tensor.type_unsupported", gate="storage", why=str(exc),
+                                         tensor=info.name)])
+    return CheckedPair(index=index, row=row, blockers=blockers, weighted=weights is not None)
 
 
 class _Worker:
@@ -102,10 +107,10 @@ def _start(job: ValueJob) -> None:
     _worker.layout, _worker.pairs, _worker.job = layout, pairs, job
 
 
-def _check_index(index: int) -> tuple[int, Checked]:
-    pair = _worker.pairs[index]
+def _check_index(index: int) -> CheckedPair:
     job = _worker.job
-    return index, check_one(_worker.file_bytes, _worker.layout, pair, job.policy, job.imatrix, job.sample_seed)
+    return check_one(_worker.file_bytes, _worker.layout, _worker.pairs[index], index, job.policy, job.imatrix,
+                     job.sample_seed)
 
 
 def _weights(layout: GGUFLayout, pair: Pairing) -> int:
@@ -120,8 +125,8 @@ def pool_size(layout: GGUFLayout, pairs: tuple[Pairing, ...], cpus: int) -> int:
 
 
 def _in_pool(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...], chosen: list[int],
-             processes: int) -> Iterator[tuple[int, Checked]]:
-    """(index, outcome) of every chosen pair, largest tensors first, from `processes` spawned interpreters."""
+             processes: int) -> Iterator[CheckedPair]:
+    """The outcome of every chosen pair, largest tensors first, from `processes` spawned interpreters."""
     largest_first = sorted(chosen, key=lambda i: (-_weights(layout, pairs[i]), i))
     context = multiprocessing.get_context("spawn")  # no fork: the parent may hold torch or llama.cpp threads
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_start, initargs=(job,)) as pool:
@@ -129,24 +134,24 @@ def _in_pool(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...], chos
 
 
 def _here(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...],
-          chosen: list[int]) -> Iterator[tuple[int, Checked]]:
+          chosen: list[int]) -> Iterator[CheckedPair]:
     file_bytes = np.memmap(job.artifact, dtype=np.uint8, mode="r")
     for index in chosen:
-        yield index, check_one(file_bytes, layout, pairs[index], job.policy, job.imatrix, job.sample_seed)
+        yield check_one(file_bytes, layout, pairs[index], index, job.policy, job.imatrix, job.sample_seed)
 
 
 def check_values(artifact: Path, layout: GGUFLayout, source_root: Path, pairs: tuple[Pairing, ...], policy: Policy,
                  progress: Progress, imatrix: ImportanceMatrix | None, *, processes: int = 1,
-                 sample_seed: str | None = None, only: list[int] | None = None) -> list[Checked]:
+                 sample_seed: str | None = None, only: list[int] | None = None) -> list[CheckedPair]:
     """The outcome of every pair (or of the pairs `only` names), in inventory order whatever order the
     processes finished in."""
     chosen = list(range(len(pairs))) if only is None else sorted(only)
     job = ValueJob(artifact, source_root, policy, imatrix, tuple(pair.gguf_name for pair in pairs), sample_seed)
     processes = min(processes, len(chosen))
     outcomes = _in_pool(job, layout, pairs, chosen, processes) if processes > 1 else _here(job, layout, pairs, chosen)
-    found: dict[int, Checked] = {}
+    found: dict[int, CheckedPair] = {}
     progress("storage", 0, len(chosen))
-    for index, checked in outcomes:
-        found[index] = checked
+    for checked in outcomes:
+        found[checked.index] = checked
         progress("storage", len(found), len(chosen))
     return [found[index] for index in chosen]
