@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -53,10 +54,37 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kueue")
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 
+_handed_out: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ends of outgoing connections (Linux's default if unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the ephemeral range, never handed out twice in this process.
+
+    Ports are bound again long after they are picked (Kueue restarts mid-session); one from the
+    ephemeral range may by then be the local end of some outgoing connection."""
+    low, _ = ephemeral_range()
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
