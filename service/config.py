@@ -92,6 +92,17 @@ class Settings(BaseSettings):
         description="named policies (JSON); submitters choose one by name, inline ones need role policy-author")
     metrics_public: bool = Field(True, description="False: /metrics needs an operator or admin token")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused with 413")
+    # completion callbacks (service/callbacks.py): checked by the artifacts' URI policy, https only
+    callback_http_origins: tuple[str, ...] = Field(
+        (), description="origins (http://host:port) a callback may reach over plain http; anything else is https")
+    callback_attempts: int = Field(6, ge=1, le=20, description="delivery attempts before a callback is given up")
+    callback_backoff_seconds: float = Field(10.0, ge=0, description="first retry delay; doubles per attempt")
+    callback_max_backoff_seconds: float = Field(3600.0, ge=0, description="longest retry delay")
+    callback_timeout_seconds: float = Field(10.0, gt=0, description="one delivery's connect/read timeout")
+    signing_key_file: Path | None = Field(
+        None, description="Ed25519 private key (PEM) that signs attestations; none: one generated under cache_dir")
+    trusted_key_files: tuple[Path, ...] = Field(
+        (), description="extra Ed25519 public keys (PEM) still trusted, e.g. keys rotated out")
 
     @field_validator("policies")
     @classmethod

@@ -58,6 +58,11 @@ class SubmitRequest(BaseModel):
     imatrix_sha256: str | None = Field(None, pattern=SHA256, description="its expected sha256 (with imatrix_uri)")
     artifact_size: int | None = Field(None, ge=1, le=1 << 50, description="the artifact's size in bytes, if known: "
                                       "on Kubernetes, gate 1 of a large artifact is split over several pods")
+    callback_url: UriText | None = Field(None, description="POSTed the verification's summary on a terminal state, "
+                                         "signed with the submitter's callback secret (POST /v1/callback-secret); "
+                                         "checked by the artifacts' URI policy (https, public addresses)")
+    fresh: bool = Field(False, description="run even when an identical pinned submission already has a verdict "
+                                           "(otherwise that verdict is returned at once, marked reused_from)")
 
     @model_validator(mode="after")
     def _imatrix_with_digest(self) -> SubmitRequest:
@@ -97,6 +102,8 @@ class VerificationOut(BaseModel):
     queue_position: int | None = None
     verdict: str | None
     blockers: list[str] | None = None
+    reused_from: str | None = Field(None, description="the verification whose run produced this verdict, when it "
+                                    "was reused without a Job")
     links: dict[str, str]
 
 
@@ -135,6 +142,26 @@ class EventOut(BaseModel):
     message: str
 
 
+class CallbackSecretOut(BaseModel):
+    secret: str = Field(description="the HMAC-SHA256 key callbacks are signed with; shown only now")
+    created_at: datetime
+
+
+class CallbackDeliveryOut(BaseModel):
+    attempt: int
+    delivery_id: str
+    at: datetime
+    status_code: int | None
+    error: str | None
+    next_retry_at: datetime | None
+
+
+class CallbacksOut(BaseModel):
+    callback_url: str | None = Field(description="redacted")
+    state: Literal["pending", "delivered", "failed"] | None
+    deliveries: list[CallbackDeliveryOut]
+
+
 class QueueItem(BaseModel):
     id: str
     state: str
@@ -146,6 +173,11 @@ class QueueItem(BaseModel):
     worker: str | None
     cluster_status: str | None = None
     queue_position: int | None = None
+    submitted_by: str | None = None
+    artifact_uri: str | None = None
+    source_uri: str | None = None
+    wait_seconds: float | None = Field(None, description="from submission until its worker started (or now)")
+    run_seconds: float | None = Field(None, description="since its worker started; none before")
 
 
 class QueueOut(BaseModel):

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from edge.file_roots import file_uri_path
 from edge.redact import redact
 from edge.uri_policy import UriRefusedError
+from service import callbacks, reuse
 from service.config import INLINE_VERSION_PREFIX, Settings
 from service.fetching import public_request, stored_request, uri_policy
 from service.persistence import repository
@@ -75,17 +76,25 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
             checker.check(uri)
     except UriRefusedError as exc:
         raise SubmissionError(redact(str(exc))) from exc
+    try:
+        callback = callbacks.submission_columns(session, settings, checker, submitter, body.callback_url)
+    except callbacks.CallbackRefusedError as exc:
+        raise SubmissionError(str(exc)) from exc
     unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
     unset |= {"artifact_size"} if body.artifact_size is None else set()
-    request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={"policy", *unset}))
+    request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={
+        "policy", "fresh", "callback_url", *unset}))  # fresh: how to answer, not what was asked
+    if body.callback_url is not None:
+        request["callback_url"] = redact(body.callback_url)  # the full URL is its column, never shown
     request_sha256 = hashlib.sha256(json.dumps(
         {"request": public_request(request), "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
     if (shards := gate1_shards(settings, body)) > 1:
         request["shards"] = shards  # a deployment choice, not part of what was asked: outside the identity
-    verification = repository.insert_unless_known(
-        session, submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
-        request=request, policy=policy.model_dump(mode="json"), policy_sha256=policy.sha256(),
-        max_attempts=settings.max_attempts, policy_origin=policy_origin)
+    verification = reuse.insert_or_reuse(
+        session, settings, fresh=body.fresh, **callback,
+        submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256, request=request,
+        policy=policy.model_dump(mode="json"), policy_sha256=policy.sha256(), max_attempts=settings.max_attempts,
+        policy_origin=policy_origin)
     if verification is not None:
         return verification, True
     existing = repository.by_idempotency_key(session, submitter, idempotency_key or "")
@@ -123,5 +132,7 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
         reason=verification.reason, reason_code=verification.reason_code,
         cluster_status=verification.cluster_status,
         queue_position=verification.queue_position, verdict=verification.verdict_result, blockers=blockers,
-        links={"self": base, "report": f"{base}/report", "events": f"{base}/events", "cancel": f"{base}/cancel"},
+        reused_from=verification.reused_from,
+        links={"self": base, "report": f"{base}/report", "events": f"{base}/events", "cancel": f"{base}/cancel",
+               "callbacks": f"{base}/callbacks"},
     )

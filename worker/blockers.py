@@ -97,6 +97,7 @@ BLOCKER_CODES: dict[str, str] = {
     # --- verifier self-checks ---
     "verifier.reader_disagreement": "gguf-py and libggml dequantize the same block differently",
     "verifier.reference_missing": "a reference implementation needed for a check is unavailable",
+    "verifier.control_not_detected": "a defect planted in memory in this artifact passed a gate's own comparison",
     "measurement.contradiction": "two measurements of the same thing contradict each other",
     # --- gate selection ---
     "gate.not_run": "a requested gate is not implemented or could not run, so no GO can cover it",

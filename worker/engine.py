@@ -16,6 +16,7 @@ from pathlib import Path
 
 from worker.acceptance import accept_unreproduced
 from worker.blockers import Blocker
+from worker.controls import ControlInputs, run_controls, undetected
 from worker.digests import digest_file, digest_tree, sha256_file
 from worker.errors import ConvgateError
 from worker.gates.release import run_release_gate
@@ -25,7 +26,7 @@ from worker.gates.storage_parts import StoragePart, merge_parts
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
-from worker.report import FileDigest, GateResult, Report
+from worker.report import Control, FileDigest, GateResult, Report
 from worker.resources import cpu_budget
 from worker.runtime.sentence_config import sentence_config
 from worker.versions import package_version
@@ -95,6 +96,7 @@ class _Run:
                              if g not in request.gates]
         self.artifact: FileDigest | None = None
         self.imatrix: FileDigest | None = None
+        self.controls: list[Control] = []
 
     def stop_all(self, blocker: Blocker, why: str) -> None:
         self.blockers.append(blocker)
@@ -106,8 +108,16 @@ class _Run:
         self.timings[result.name] = result.seconds
         self.blockers.extend(blockers)
 
+    def check_controls(self, inputs: ControlInputs) -> None:
+        """Plant one defect per comparison of every gate that ran; one that passes is a blocker."""
+        self.controls = run_controls(inputs)
+        self.blockers.extend(undetected(self.controls))
+        self.timings["controls"] = sum(control.seconds for control in self.controls)
+
     def report(self, policy: Policy) -> Report:
         self.timings["total"] = time.perf_counter() - self.started
+        if "controls" in self.timings:  # what proving the gates could fail cost, as a share of the run
+            self.timings["controls_share"] = self.timings["controls"] / self.timings["total"]
         self.blockers, accepted = accept_unreproduced(self.blockers, self.gates, policy)
         self.not_verified.extend(accepted)
         return Report(
@@ -115,7 +125,7 @@ class _Run:
             blockers=self.blockers, gates=self.gates,
             policy={"values": policy.model_dump(mode="json"), "sha256": policy.sha256()},
             artifact=self.artifact, files=self.files, not_verified=self.not_verified + list(ALWAYS_NOT_VERIFIED),
-            environment=environment(), timings=self.timings,
+            environment=environment(), timings=self.timings, controls=self.controls,
         )
 
 
@@ -222,6 +232,10 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
         run.files[1:1] = package[1:]
         if measured is None:
             run.not_verified.append("gate 3 top-1 results were not compared with gate 2 (gate 2 did not run)")
+    ran = {name for name, gate in run.gates.items() if gate.status != "not_run"} | ({"storage"} if part else set())
+    run.check_controls(ControlInputs(artifact=artifact, artifact_sha256=sha, layout=layout, source=source,
+                                     policy=policy, imatrix=imatrix, runtime=measured,
+                                     gates_run=frozenset(ran)))
     return run.report(policy), part
 
 

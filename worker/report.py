@@ -37,6 +37,7 @@ class TensorRow(BaseModel):
     blocks: int | None = None  # quantized: blocks compared (`mismatched` counts blocks then)
     sampled_from: int | None = None  # reproduction sampled `blocks` of this many (policy reproduce_sample)
     not_reproduced: str | None = None  # why a tensor the policy wanted reproduced could not be
+    data_sha256: str | None = None  # sha256 of the tensor's bytes as stored: a recipient checks tensor by tensor
     result: Literal["ok", "fail"]
 
 
@@ -53,6 +54,22 @@ class GateResult(BaseModel):
     status: Literal["passed", "failed", "not_run"]
     seconds: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Control(BaseModel):
+    """One negative control: a defect planted in memory in a copy of what a gate measured, judged by that
+    gate's own comparison. A ruler that cannot fail on this very artifact makes its passes worthless."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gate: Literal["storage", "runtime", "release"]
+    check: str  # the comparison exercised: tensor values, tokenizer ids, embeddings, logits, release digest
+    defect: str  # what was planted, in words
+    location: str | None = None  # where: tensor and byte, text and position
+    outcome: Literal["detected", "not_detected", "not_applicable"]
+    detected_by: list[str] = Field(default_factory=list)  # blocker codes the planted copy raised
+    why: str | None = None  # why a control was not applicable
+    seconds: float
 
 
 class FileDigest(BaseModel):
@@ -87,6 +104,7 @@ class Report(BaseModel):
     not_verified: list[str]
     environment: dict[str, str]
     timings: dict[str, float]
+    controls: list[Control] = Field(default_factory=list)  # the negative controls run before trusting a GO
 
     @model_serializer(mode="wrap")
     def _printable(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -68,6 +68,16 @@ def _where(blocker) -> str:
     return ""
 
 
+def _controls_line(report: Report) -> str:
+    """How many planted defects the gates caught, and what proving it cost."""
+    outcomes = [control.outcome for control in report.controls]
+    planted = len(outcomes) - outcomes.count("not_applicable")
+    seconds, share = report.timings.get("controls", 0.0), report.timings.get("controls_share", 0.0)
+    missed = f", {outcomes.count('not_detected')} NOT detected" if "not_detected" in outcomes else ""
+    return (f"controls  {outcomes.count('detected')}/{planted} planted defects detected{missed} "
+            f"({seconds:.2f}s, {share:.1%} of the run)")
+
+
 def render_summary(report: Report) -> str:
     lines = []
     if report.artifact:
@@ -82,6 +92,8 @@ def render_summary(report: Report) -> str:
             lines.extend(_runtime_lines(gate.details))
         elif name == "release" and gate.details.get("package"):
             lines.append(f"    release package: {len(gate.details['package'])} file(s) digested")
+    if report.controls:
+        lines.append(_controls_line(report))
     if report.blockers:
         lines.append(f"blockers ({len(report.blockers)}):")
         for blocker in report.blockers[:MAX_BLOCKERS_SHOWN]:

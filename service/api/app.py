@@ -11,32 +11,42 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from service.api import access_log, endpoints, errors, queue_page
+from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page
+from service.api import attestations as attestation_endpoint
 from service.api.deps import get_principal
 from service.api.limits import BodyLimitMiddleware
 from service.auth import OPERATE
+from service.callbacks_loop import CallbackLoop
 from service.config import Settings
 from service.metrics import make_registry
 from service.persistence.db import API_THREADS, make_engine, session_factory, transaction
 
 
-def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
+def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks: bool | None = None) -> FastAPI:
+    """`run_callbacks` (default: wherever the dispatch loop runs) starts the completion-callback loop."""
     engine = make_engine(settings.database_url)
     factory = session_factory(engine)
+    background = run_dispatcher and settings.dispatcher != "none"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS  # one connection each
         loop = None
-        if run_dispatcher and settings.dispatcher != "none":
+        if background:
             from service.dispatch.loop import DispatchLoop
 
             loop = DispatchLoop.for_settings(settings, factory)
             loop.start()
         app.state.dispatch_loop = loop
+        callback_loop = CallbackLoop(factory, settings) if (background if run_callbacks is None else run_callbacks) \
+            else None
+        if callback_loop is not None:
+            callback_loop.start()
         try:
             yield
         finally:
+            if callback_loop is not None:
+                callback_loop.stop()
             if loop is not None:
                 loop.stop()
             engine.dispose()
@@ -49,6 +59,9 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True) -> FastAPI:
     app.include_router(endpoints.router)
     app.include_router(access_log.router)
     app.include_router(queue_page.router)
+    app.include_router(exports.router)
+    app.include_router(pages_auditor.router)
+    app.include_router(attestation_endpoint.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     errors.install(app)
     registry = make_registry(factory)

@@ -10,13 +10,16 @@ from fastapi.responses import HTMLResponse, PlainTextResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import verifications
+from edge.redact import redact
+from service import callbacks, verifications
 from service.api import access_log
 from service.api.deps import Principal, SessionDep, SettingsDep, require
 from service.api.errors import ERRORS
+from service.api.event_stream import MEDIA_TYPE, event_stream
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT
 from service.config import Settings
 from service.lifecycle import State
+from service.persistence import callbacks as callback_store
 from service.persistence import repository, stats
 from service.persistence.models import Verification
 from service.report_render import to_html, to_markdown
@@ -24,6 +27,9 @@ from service.schemas import (
     PRINTABLE,
     SHA256,
     UUID_PATTERN,
+    CallbackDeliveryOut,
+    CallbackSecretOut,
+    CallbacksOut,
     EventOut,
     Moment,
     QueueItem,
@@ -151,13 +157,46 @@ def read_report(verification_id: VerificationId, request: Request, session: Sess
     return _served_report(verification, verdict.report)
 
 
-@router.get("/verifications/{verification_id}/events", response_model=list[EventOut])
-def read_events(verification_id: VerificationId, request: Request, session: SessionDep,
-                principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> list[EventOut]:
+EVENT_TYPES: dict[int | str, dict[str, Any]] = {200: {
+    "description": "the events as JSON, or with Accept: text/event-stream as server-sent events (ending after the "
+                   "terminal state; Last-Event-ID resumes)", "content": {MEDIA_TYPE: {"schema": {"type": "string"}}}}}
+
+
+@router.get("/verifications/{verification_id}/events", response_model=list[EventOut], responses=EVENT_TYPES)
+def read_events(verification_id: VerificationId, request: Request, session: SessionDep, settings: SettingsDep,
+                principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
+                last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=2**62)] = None) -> Any:
     _visible(session, verification_id, principal)
     access_log.record(session, request, principal, "read_events", verification_id)
+    if MEDIA_TYPE in request.headers.get("accept", ""):
+        session.commit()  # now: the stream must not hold this transaction (on SQLite, the write lock) open
+        return event_stream(request.app.state.session_factory, verification_id, last_event_id or 0,
+                            settings.poll_seconds)
     return [EventOut(at=repository.as_utc(e.at), from_state=e.from_state, to_state=e.to_state, attempt=e.attempt,
                      message=e.message) for e in repository.events(session, verification_id)]
+
+
+@router.get("/verifications/{verification_id}/callbacks", response_model=CallbacksOut)
+def read_callbacks(verification_id: VerificationId, request: Request, session: SessionDep,
+                   principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> CallbacksOut:
+    """The completion callback (URL redacted) and every delivery attempt so far."""
+    verification = _visible(session, verification_id, principal)
+    access_log.record(session, request, principal, "read_verification", verification.id)
+    url = verification.callback_url
+    return CallbacksOut(callback_url=None if url is None else redact(url), state=verification.callback_state,
+                        deliveries=[CallbackDeliveryOut(
+                            attempt=d.attempt, delivery_id=d.delivery_id, at=repository.as_utc(d.at),
+                            status_code=d.status_code, error=d.error, next_retry_at=repository.as_utc(d.next_retry_at))
+                            for d in callback_store.deliveries(session, verification.id)])
+
+
+@router.post("/callback-secret", status_code=status.HTTP_201_CREATED, response_model=CallbackSecretOut)
+def create_callback_secret(response: Response, session: SessionDep,
+                           principal: Annotated[Principal, require(SUBMIT)]) -> CallbackSecretOut:
+    """A new HMAC key for this submitter's callbacks, shown only now; it replaces the previous one."""
+    row = callback_store.replace_secret(session, principal.name, callbacks.new_secret())
+    response.headers["Cache-Control"] = "no-store"
+    return CallbackSecretOut(secret=row.secret, created_at=repository.as_utc(row.created_at))
 
 
 @router.post("/verifications/{verification_id}/cancel", response_model=VerificationOut)
@@ -171,10 +210,14 @@ def queue_snapshot(session: SessionDep, dispatcher: str) -> QueueOut:
     moment = datetime.now(UTC)
 
     def item(v: Verification) -> QueueItem:
-        age = (moment - repository.as_utc(v.created_at)).total_seconds()
+        created, started = repository.as_utc(v.created_at), repository.as_utc(v.started_at)
+        age = (moment - created).total_seconds()
         return QueueItem(id=v.id, state=v.state, attempt=v.attempt, failed_attempts=v.failed_attempts or 0,
                          age_seconds=age, progress=v.progress, worker=v.worker, reason=v.reason,
-                         cluster_status=v.cluster_status, queue_position=v.queue_position)
+                         cluster_status=v.cluster_status, queue_position=v.queue_position,
+                         submitted_by=v.submitted_by, artifact_uri=v.artifact_uri, source_uri=v.source_uri,
+                         wait_seconds=((started or moment) - created).total_seconds(),
+                         run_seconds=None if started is None else (moment - started).total_seconds())
 
     oldest = repository.oldest_queued(session)
     return QueueOut(counts=stats.state_counts(session), oldest_waiting=item(oldest) if oldest else None,

@@ -1,86 +1,119 @@
-"""The operator page: the queue, server-rendered, refreshed in place every two seconds.
+"""The operator page: the queue, server-rendered, refreshed in place every two seconds; and the pages'
+sign-in. Each active verification shows its model (artifact name and source), submitter, wait and
+run times and Kueue status and position; below, the latest finished ones with their outcome, first
+blocker and failure reason, each verdict linking to its rendered report.
 
-Browsers cannot send bearer headers on navigation, so the operator signs in once with a form:
+Browsers cannot send bearer headers on navigation, so a person signs in once with a form:
 `POST /ui/login` takes the token from the body (never from a URL, which lands in history, proxy
 logs and Referer headers) and sets a cookie that is `Secure`, `HttpOnly`, `SameSite=Strict` and
-scoped to `/ui`. The cookie is accepted only by this page's own GET reads; the JSON API and every
-write take the Authorization header alone.
+scoped to `/ui`. The cookie is accepted only by the pages' own GET reads; the JSON API and every
+write take the Authorization header alone. The form's `next` names the page to return to (the queue
+or the auditor page, nothing else), and the sign-in admits only the roles of that page.
 """
 
 from __future__ import annotations
 
-import html
 import time
-from typing import Annotated
+from datetime import UTC, datetime
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy.engine import Row
+from sqlalchemy.orm import Session
 
-from service.api.deps import UI_COOKIE, Principal, SessionDep, SettingsDep, principal_for, require_ui, ui_secret
+from service.api.deps import UI_COOKIE, Principal, SessionDep, SettingsDep, principal_for, require_ui
 from service.api.endpoints import queue_snapshot
+from service.api.pages_html import (
+    PAGES,
+    document,
+    duration,
+    esc,
+    login_page,
+    model_cell,
+    page_principal,
+    safe_next,
+)
 from service.auth import OPERATE
-from service.schemas import QueueOut
+from service.persistence.recent import recent_finished
+from service.persistence.repository import as_utc
+from service.schemas import QueueItem, QueueOut
 
 router = APIRouter(prefix="/ui")
 SESSION_SECONDS = 8 * 3600
 MAX_FORM_BYTES = 4096
-
-STYLE = """
- body {{ font: 15px/1.4 system-ui, sans-serif; margin: 2rem; color: #1d2330; }}
- h1 {{ font-size: 1.4rem; }} .counts span {{ display: inline-block; margin-right: 1.2rem; padding: .3rem .6rem;
-   border-radius: .4rem; background: #eef1f6; }} table {{ border-collapse: collapse; margin-top: 1rem; }}
- td, th {{ padding: .35rem .8rem; border-bottom: 1px solid #dde2ea; text-align: left; }}
- .running {{ color: #0b6e2e; font-weight: 600; }} .queued {{ color: #8a5a00; }}
- progress {{ width: 12rem; }} .error {{ color: #a4161a; }}
-"""
-
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>convgate queue</title>
-<style>""" + STYLE + """</style></head>
-<body data-rendered="{rendered}"><h1>convgate — verification queue</h1>
-<div id="queue">{table}</div>
-<script>
-setInterval(async () => {{
-  const response = await fetch("/ui/queue/table", {{credentials: "same-origin"}});
+RECENT = 20  # finished verifications shown under the queue
+ACTIVE_HEAD = ("id", "model", "submitter", "state", "attempt", "waited", "ran", "progress", "Kueue", "worker",
+               "failed", "last reason")
+FINISHED_HEAD = ("id", "model", "submitter", "finished", "outcome", "first blocker", "reason", "waited", "ran",
+                 "report")
+REFRESH = """<script>
+setInterval(async () => {
+  const response = await fetch("/ui/queue/table", {credentials: "same-origin"});
   if (response.ok) document.getElementById("queue").innerHTML = await response.text();
-}}, 2000);
-</script></body></html>"""
-
-LOGIN = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>convgate sign in</title>
-<style>""" + STYLE + """</style></head>
-<body><h1>convgate — sign in</h1><p class="error">{message}</p>
-<form method="post" action="/ui/login">
-<label>Operator token <input type="password" name="token" autocomplete="current-password" required></label>
-<button type="submit">Sign in</button>
-</form></body></html>"""
+}, 2000);
+</script>"""
 
 
-def render_table(queue: QueueOut) -> str:
-    counts = "".join(f"<span>{html.escape(state)}: <b>{n}</b></span>" for state, n in sorted(queue.counts.items()))
+def _kueue(status: str | None, position: int | None) -> str:
+    """The status and, while Kueue reports one, the position: `pending admission #3`."""
+    return " ".join(part for part in (status, None if position is None else f"#{position}") if part)
+
+
+def _active_row(item: QueueItem) -> str:
+    progress = item.progress or {}
+    done, total = progress.get("done", 0), progress.get("total", 0) or 1
+    bar = f"<progress value='{esc(done)}' max='{esc(total)}'></progress> {esc(progress.get('stage', ''))}"
+    state = esc(item.state)
+    return (f"<tr><td title='{esc(item.id)}'>{esc(item.id[:8])}</td>{model_cell(item.artifact_uri, item.source_uri)}"
+            f"<td>{esc(item.submitted_by)}</td><td class='{state}'>{state}</td><td>{item.attempt}</td>"
+            f"<td>{duration(item.wait_seconds)}</td><td>{duration(item.run_seconds)}</td>"
+            f"<td>{bar if progress else ''}</td><td>{esc(_kueue(item.cluster_status, item.queue_position))}</td>"
+            f"<td>{esc(item.worker)}</td><td>{item.failed_attempts}</td><td>{esc(item.reason)}</td></tr>")
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (as_utc(end) - as_utc(start)).total_seconds()
+
+
+def _finished_row(row: Row[Any], moment: datetime) -> str:
+    """A verdict links to its report; a run without one shows why it ended instead."""
+    outcome = esc(row.verdict_result or row.state)
+    link = esc(f"/ui/verifications/{row.id}/report")
+    ident = f"<a href='{link}'>{esc(row.id[:8])}</a>" if row.verdict_result else esc(row.id[:8])
+    report = f"<a class='report' href='{link}'>report</a>" if row.verdict_result else ""
+    ago = _seconds(row.finished_at, moment)
+    return (f"<tr><td title='{esc(row.id)}'>{ident}</td>{model_cell(row.artifact_uri, row.source_uri)}"
+            f"<td>{esc(row.submitted_by)}</td><td>{duration(ago)}{'' if ago is None else ' ago'}</td>"
+            f"<td class='{outcome}'>{outcome}</td><td><code>{esc(row.first_blocker)}</code></td>"
+            f"<td>{'' if row.verdict_result else esc(row.reason)}</td>"
+            f"<td>{duration(_seconds(row.created_at, row.started_at))}</td>"
+            f"<td>{duration(_seconds(row.started_at, row.finished_at))}</td><td>{report}</td></tr>")
+
+
+def _table(ident: str, head: tuple[str, ...], rows: list[str]) -> str:
+    return (f"<table id='{ident}'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def render_table(queue: QueueOut, finished: list[Row[Any]] | None = None) -> str:
+    """The snapshot the page refreshes in place: counts, active work, then the latest finished."""
+    counts = "".join(f"<span>{esc(state)}: <b>{n}</b></span>" for state, n in sorted(queue.counts.items()))
     oldest = (f"oldest waiting: {queue.oldest_waiting.id[:8]} for {queue.oldest_waiting.age_seconds:.0f}s"
               if queue.oldest_waiting else "nothing waiting")
-    rows = []
-    for item in queue.active:
-        progress = item.progress or {}
-        done, total = progress.get("done", 0), progress.get("total", 0) or 1
-        bar = f"<progress value='{done}' max='{total}'></progress> {html.escape(str(progress.get('stage', '')))}"
-        position = "" if item.queue_position is None else f"#{item.queue_position}"
-        rows.append(f"<tr><td>{item.id[:8]}</td><td class='{item.state}'>{item.state}</td><td>{item.attempt}</td>"
-                    f"<td>{item.age_seconds:.0f}s</td><td>{bar if progress else ''}</td>"
-                    f"<td>{html.escape(item.cluster_status or '')} {position}</td>"
-                    f"<td>{html.escape(item.worker or '')}</td><td>{item.failed_attempts}</td>"
-                    f"<td>{html.escape(item.reason or '')}</td></tr>")
-    table = ("<table><tr><th>id</th><th>state</th><th>attempt</th><th>age</th><th>progress</th>"
-             "<th>cluster (Kueue)</th><th>worker</th><th>failed</th><th>last reason</th></tr>"
-             + "".join(rows) + "</table>")
+    moment = datetime.now(UTC)
     return (f"<div class='snapshot' data-rendered='{time.time_ns()}'><div class='counts'>{counts}</div>"
-            f"<p>{html.escape(oldest)} · dispatcher {html.escape(queue.dispatcher)}</p>{table}</div>")
+            f"<p>{esc(oldest)} · dispatcher {esc(queue.dispatcher)}</p>"
+            + _table("active", ACTIVE_HEAD, [_active_row(item) for item in queue.active])
+            + "<h2>Recently finished</h2>"
+            + _table("finished", FINISHED_HEAD, [_finished_row(row, moment) for row in finished or []]) + "</div>")
 
 
-def login_page(message: str = "", status_code: int = 200) -> HTMLResponse:
-    return HTMLResponse(LOGIN.format(message=html.escape(message)), status_code=status_code)
+def _snapshot(session: Session, dispatcher: str) -> str:
+    return render_table(queue_snapshot(session, dispatcher), recent_finished(session, RECENT))
 
 
 def _cross_site(request: Request) -> bool:
@@ -98,13 +131,14 @@ def login_form() -> HTMLResponse:
 
 @router.post("/login", response_class=HTMLResponse, response_model=None,
              openapi_extra={"requestBody": {"required": True, "content": {"application/x-www-form-urlencoded": {
-                 "schema": {"type": "object", "properties": {"token": {"type": "string", "maxLength": 512}},
+                 "schema": {"type": "object", "properties": {"token": {"type": "string", "maxLength": 512},
+                                                             "next": {"type": "string", "enum": list(PAGES)}},
                             "required": ["token"]}}}}},
-             responses={303: {"description": "signed in: the cookie is set, on to /ui/queue"},
+             responses={303: {"description": "signed in: the cookie is set, on to `next` (default /ui/queue)"},
                         400: {"description": "a malformed form"},
-                        401: {"description": "not a valid token"}, 403: {"description": "not an operator"}})
+                        401: {"description": "not a valid token"}, 403: {"description": "a role not of that page"}})
 async def login(request: Request, session: SessionDep) -> Response:
-    """Sign in with a token in the form body; sets the UI cookie for operators and admins."""
+    """Sign in with a token in the form body; sets the UI cookie for the roles of the page it returns to."""
     if _cross_site(request):
         return login_page("sign-in from another site refused", 403)
     raw = await request.body()
@@ -115,12 +149,14 @@ async def login(request: Request, session: SessionDep) -> Response:
     except ValueError:  # too large, or too many fields
         return login_page("malformed sign-in form", 400)
     secret = (fields.get("token") or [""])[0].strip()
+    target = safe_next((fields.get("next") or [""])[0])
+    roles, what = PAGES[target]
     principal = principal_for(session, secret)
     if principal is None:
-        return login_page("not a valid token", 401)
-    if principal.role not in OPERATE:
-        return login_page(f"role {principal.role} may not see the queue", 403)
-    redirect = RedirectResponse("/ui/queue", status_code=303)
+        return login_page("not a valid token", 401, target)
+    if principal.role not in roles:
+        return login_page(f"role {principal.role} may not {what}", 403, target)
+    redirect = RedirectResponse(target, status_code=303)
     redirect.set_cookie(UI_COOKIE, secret, max_age=SESSION_SECONDS, path="/ui", secure=True, httponly=True,
                         samesite="strict")
     return redirect
@@ -136,16 +172,14 @@ def logout() -> Response:
 @router.get("/queue", response_class=HTMLResponse, response_model=None,
             responses={401: {"description": "not signed in: the sign-in form"}})
 def queue_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
-    principal = principal_for(session, ui_secret(request))
-    if principal is None:
-        return login_page("sign in to see the queue", 401)
-    if principal.role not in OPERATE:
-        return HTMLResponse("forbidden", status_code=403)
-    table = render_table(queue_snapshot(session, settings.dispatcher))
-    return HTMLResponse(PAGE.format(table=table, rendered=time.time_ns()))
+    principal = page_principal(request, session, "/ui/queue")
+    if isinstance(principal, HTMLResponse):
+        return principal
+    body = f"<h1>convgate — verification queue</h1><div id='queue'>{_snapshot(session, settings.dispatcher)}</div>"
+    return HTMLResponse(document("convgate queue", body, rendered=time.time_ns(), script=REFRESH))
 
 
 @router.get("/queue/table", response_class=HTMLResponse)
 def queue_table(session: SessionDep, settings: SettingsDep,
                 principal: Annotated[Principal, require_ui(OPERATE)]) -> HTMLResponse:
-    return HTMLResponse(render_table(queue_snapshot(session, settings.dispatcher)))
+    return HTMLResponse(_snapshot(session, settings.dispatcher))

@@ -67,6 +67,13 @@ class Verification(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # sha256 of the current claim's per-attempt worker secret (revision 0006); never the secret itself
     attempt_secret_sha256: Mapped[str | None] = mapped_column(String(64))
+    # revision 0009: what a verdict depends on when every input is pinned (service/reuse.py), the run a
+    # reused verdict came from, and the completion callback (the full URL; pending/delivered/failed)
+    reuse_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    reused_from: Mapped[str | None] = mapped_column(String(36))
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    callback_state: Mapped[str | None] = mapped_column(String(16), index=True)
+    callback_due_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class VerificationEvent(Base):
@@ -182,3 +189,44 @@ class Gate1Shard(Base):
     shards: Mapped[int] = mapped_column(Integer)
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Attestation(Base):
+    """A verdict's signed DSSE envelope (revision 0008): written once, on first request, then returned as is."""
+
+    __tablename__ = "attestations"
+    __table_args__ = (UniqueConstraint("verification_id", name="uq_attestations_verification"),
+                      Index("ix_attestations_keyid", "keyid"))
+
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
+    verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"))
+    keyid: Mapped[str] = mapped_column(String(64))
+    envelope: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class CallbackSecret(Base):
+    """A submitter's HMAC key for completion callbacks (revision 0009). Kept in plain text, unlike API
+    tokens: the service signs with it. Shown once, when made; making another replaces it."""
+
+    __tablename__ = "callback_secrets"
+
+    submitter: Mapped[str] = mapped_column(String(128), primary_key=True)
+    secret: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class CallbackDelivery(Base):
+    """One attempt to deliver a verification's completion callback (revision 0009): append-only."""
+
+    __tablename__ = "callback_deliveries"
+    __table_args__ = (UniqueConstraint("verification_id", "attempt", name="uq_callback_deliveries_attempt"),)
+
+    id: Mapped[int] = mapped_column(BIG_ID, primary_key=True, autoincrement=True)
+    verification_id: Mapped[str] = mapped_column(ForeignKey("verifications.id"))
+    delivery_id: Mapped[str] = mapped_column(String(36))
+    attempt: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    next_retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

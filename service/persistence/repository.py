@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast, overload
 
-from sqlalchemy import and_, func, insert, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
+from service.persistence import submission_insert
 from service.persistence.cursors import decode_verification_cursor, encode_verification_cursor
 from service.persistence.models import (
     FileDigestRecord,
@@ -51,8 +51,9 @@ def _event(session: Session, verification_id: str, from_state: str | None, to_st
 
 def _new_row(*, submitted_by: str, idempotency_key: str | None, request_sha256: str, request: dict[str, Any],
              policy: dict[str, Any], policy_sha256: str, max_attempts: int,
-             policy_origin: str | None = None) -> dict[str, Any]:
-    """A queued verification's columns; its id is made here."""
+             policy_origin: str | None = None, **optional: Any) -> dict[str, Any]:
+    """A queued verification's columns; its id is made here. `optional`: the reuse key and the
+    callback's columns (revision 0009), written only when given."""
     moment = now()
     return dict(
         id=str(uuid.uuid4()), submitted_by=submitted_by, idempotency_key=idempotency_key,
@@ -60,6 +61,7 @@ def _new_row(*, submitted_by: str, idempotency_key: str | None, request_sha256: 
         artifact_sha256=request["artifact_sha256"], request=request, policy=policy, policy_sha256=policy_sha256,
         state=State.QUEUED, attempt=0, max_attempts=max_attempts, created_at=moment, updated_at=moment,
         **({} if policy_origin is None else {"policy_origin": policy_origin}),
+        **{column: value for column, value in optional.items() if value is not None},
     )
 
 
@@ -77,18 +79,11 @@ def insert_unless_known(session: Session, **columns: Any) -> Verification | None
     the INSERT yields to the unique index (ON CONFLICT DO NOTHING, waiting for a concurrent duplicate
     to commit or roll back) instead of failing, so a submission needs no savepoint and no SELECT first."""
     row = _new_row(**columns)
-    verification = session.scalar(_INSERT_UNLESS_KNOWN[session.get_bind().dialect.name], row)
-    if verification is not None:
-        session.execute(_INSERT_EVENT, {"verification_id": verification.id, "at": row["created_at"],
-                                        "from_state": None, "to_state": State.QUEUED, "attempt": 0,
-                                        "message": "submitted", "reason_code": Reason.SUBMITTED})
-    return verification
-
-
-# Built once, executed with parameters: the values stay out of the statement (and its cache key).
-_INSERT_UNLESS_KNOWN = {name: dialect.insert(Verification).on_conflict_do_nothing().returning(Verification)
-                        for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))}
-_INSERT_EVENT = insert(VerificationEvent)
+    if not submission_insert.insert_queued(session, row):
+        return None
+    # Built from what was written, not read back: an ORM insert RETURNING the whole row cost as much
+    # CPU as the rest of a submission (scripts/bench_api.py). Not in the session; the caller only reads it.
+    return Verification(**row, failed_attempts=0)
 
 
 def by_idempotency_key(session: Session, submitted_by: str, key: str) -> Verification | None:
@@ -128,11 +123,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     return decode_verification_cursor(cursor)
 
 
-def list_verifications(session: Session, filters: ListFilters, *, limit: int,
-                       cursor: str | None = None) -> tuple[list[Verification], str | None]:
-    """Newest first, ordered by (created_at, id) so pages never skip or repeat a row."""
-    query = select(Verification)
-    conditions = []
+def list_conditions(filters: ListFilters) -> list[Any]:
+    """The auditor filters as WHERE conditions: shared by the list and the export."""
+    conditions: list[Any] = []
     for column, value in ((Verification.artifact_sha256, filters.artifact_sha256),
                           (Verification.source_uri, filters.source_uri),
                           (Verification.verdict_result, filters.verdict), (Verification.state, filters.state),
@@ -143,7 +136,14 @@ def list_verifications(session: Session, filters: ListFilters, *, limit: int,
         conditions.append(Verification.created_at >= filters.since)
     if filters.until is not None:
         conditions.append(Verification.created_at < filters.until)
-    conditions += policy_conditions(filters.policy_origin, filters.policy)
+    return conditions + policy_conditions(filters.policy_origin, filters.policy)
+
+
+def list_verifications(session: Session, filters: ListFilters, *, limit: int,
+                       cursor: str | None = None) -> tuple[list[Verification], str | None]:
+    """Newest first, ordered by (created_at, id) so pages never skip or repeat a row."""
+    query = select(Verification)
+    conditions = list_conditions(filters)
     if cursor is not None:
         created, ident = decode_cursor(cursor)
         conditions.append(or_(Verification.created_at < created,

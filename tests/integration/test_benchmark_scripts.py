@@ -20,6 +20,7 @@ SMOKE_ARGS = {
     "bench_gates.py": ["--smoke"],
     "bench_api.py": ["--requests", "40", "--concurrency", "4", "--verdicts", "2000", "--queries", "20"],
     "bench_scale.py": ["--smoke"],
+    "bench_export.py": ["--smoke"],
 }
 FIXTURE_SCRIPTS = {"bench_gate1.py", "bench_gates.py", "bench_scale.py"}
 RATIO = {
@@ -27,6 +28,7 @@ RATIO = {
     "bench_gates.py": r"full verify / baseline = \d+\.\d+x",
     "bench_api.py": r"query p99 / baseline p99 = \d+\.\d+x",
     "bench_scale.py": r"baseline",
+    "bench_export.py": r"peak large / peak small = \d+\.\d+x",
 }
 
 

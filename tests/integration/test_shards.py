@@ -19,6 +19,8 @@ def _comparable(report) -> dict:
     document = report.model_dump(mode="json")
     document.pop("timings")
     document.pop("environment")
+    for control in document["controls"]:
+        control.pop("seconds")
     for gate in document["gates"].values():
         gate.pop("seconds")
         gate["details"].pop("shards", None)

@@ -23,8 +23,8 @@ from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import upgrade
 
 PG_ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
-TABLES = ("access_log, worker_reports, file_digests, tensor_rows, gate_results, verdicts, verification_events, "
-          "verifications, api_tokens")
+TABLES = ("callback_deliveries, callback_secrets, attestations, access_log, worker_reports, file_digests, "
+          "tensor_rows, gate_results, verdicts, verification_events, verifications, api_tokens")
 
 
 def _pg_available() -> bool:

@@ -67,6 +67,10 @@ ROLE_MATRIX = [
     ("GET", "/v1/verifications", set(Role)),
     ("GET", "/v1/verifications/{id}/report", set(Role) - {Role.POLICY_AUTHOR}),
     ("GET", "/v1/verifications/{id}/events", set(Role) - {Role.POLICY_AUTHOR}),
+    ("GET", "/v1/verifications/{id}/attestation", set(Role) - {Role.POLICY_AUTHOR}),
+    ("GET", "/v1/verifications/{id}/callbacks", set(Role) - {Role.POLICY_AUTHOR}),
+    ("GET", "/v1/verdicts/export", set(Role)),
+    ("POST", "/v1/callback-secret", {Role.SUBMITTER, Role.POLICY_AUTHOR, Role.ADMIN}),
     ("POST", "/v1/verifications/{id}/cancel", {Role.SUBMITTER, Role.OPERATOR, Role.ADMIN}),  # author: own only
     ("GET", "/v1/queue", {Role.OPERATOR, Role.ADMIN}),
     ("GET", "/ui/queue/table", {Role.OPERATOR, Role.ADMIN}),

@@ -15,7 +15,7 @@ from sqlalchemy import event, text
 
 from service.api.app import create_app
 from service.auth import Role
-from service.persistence import db
+from service.persistence import db, repository
 from tests.service.conftest import add_token, settings_for
 
 BODY = {"source_uri": "hf://org/src@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
@@ -24,7 +24,8 @@ BODY = {"source_uri": "hf://org/src@" + "0" * 40, "artifact_uri": "hf://org/m@" 
 
 @pytest.fixture
 def client(pg, tmp_path):
-    app = create_app(settings_for(pg, tmp_path, file_roots=(Path("/models"),)), run_dispatcher=False)
+    app = create_app(settings_for(pg, tmp_path, file_roots=(Path("/models"),), dispatcher="none"),
+                     run_dispatcher=False)  # an API-only replica: no verdict reuse to look up
     token = add_token(pg, Role.ADMIN, "latency")
     with TestClient(app) as test_client:
         test_client.headers["Authorization"] = f"Bearer {token}"
@@ -38,12 +39,12 @@ def _statements(client: TestClient) -> list[str]:
     return seen
 
 
-def test_a_new_submission_is_one_insert_per_row_and_no_update(client):
+def test_a_new_submission_is_one_statement_after_the_token_and_no_update(client):
     client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "warm"})
     seen = _statements(client)
     response = client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "new"})
     assert response.status_code == 202 and response.json()["policy_origin"] == "configured:default"
-    assert seen == ["SELECT", "INSERT", "INSERT"]  # the token; the verification (or nothing); its event
+    assert seen == ["SELECT", "WITH"]  # the token; the verification (or nothing) and its event, in one CTE
 
 
 def test_a_repeated_key_writes_nothing_and_answers_with_the_stored_row(client):
@@ -106,3 +107,67 @@ def test_the_pool_keeps_its_connections_under_the_apis_own_concurrency(pg):
     kept = dict(counts)
     engine.dispose()
     assert kept == {"connect": threads}, kept
+
+
+def test_a_submission_loads_no_orm_object(pg):
+    """The new row is built from the values just written: asking the database for it back (RETURNING
+    every column into an ORM object) was a third of a submission's CPU in the server."""
+    engine = db.make_engine(pg)
+    session = db.session_factory(engine)()
+    try:
+        verification = repository.insert_unless_known(
+            session, submitted_by="s", idempotency_key="k", request_sha256="a" * 64,
+            request={"source_uri": "hf://o/s@x", "artifact_uri": "hf://o/m@x/m.gguf", "artifact_sha256": "e" * 64},
+            policy={"version": "1"}, policy_sha256="b" * 64, max_attempts=3, policy_origin="configured:default")
+        assert verification is not None and len(session.identity_map) == 0
+        session.commit()
+        stored = repository.get_verification(session, verification.id)
+        assert stored is not None and (stored.state, stored.attempt, stored.failed_attempts, stored.policy_origin) == (
+            verification.state, verification.attempt, 0, "configured:default")
+    finally:
+        session.close()
+        engine.dispose()
+
+
+def test_serve_uses_the_c_http_parser_and_event_loop_without_access_log(monkeypatch, tmp_path):
+    """uvicorn's pure-Python h11 parser and asyncio's loop cost the server CPU on every request; its
+    access log is below the server's log level anyway, so it is only work."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from service.cli import app as cli
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda _app, **options: seen.update(options))
+    monkeypatch.setenv("CONVGATE_DATABASE_URL", f"sqlite:///{tmp_path / 'c.db'}")
+    result = CliRunner().invoke(cli, ["serve", "--no-migrate"])
+    assert result.exit_code == 0, result.output
+    assert (seen.get("http"), seen.get("loop"), seen.get("access_log")) == ("httptools", "uvloop", False), seen
+
+
+@pytest.mark.parametrize("database", ["pg", "sqlite_url"])
+def test_insert_unless_known_writes_the_row_and_its_event_once_per_key(database, request):
+    """One round trip on Postgres (the event inserted from the verification's RETURNING), two on
+    SQLite (no INSERT inside WITH); a taken key writes nothing on both."""
+    engine = db.make_engine(request.getfixturevalue(database))
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, *_rest: statements.append(sql.split()[0]))
+    columns = dict(submitted_by="s", idempotency_key="k", request_sha256="a" * 64, policy={"version": "1"},
+                   request={"source_uri": "hf://o/s@x", "artifact_uri": "hf://o/m@x/m.gguf",
+                            "artifact_sha256": "e" * 64}, policy_sha256="b" * 64, max_attempts=3)
+    try:
+        with db.transaction(db.session_factory(engine)) as session:
+            first = repository.insert_unless_known(session, **columns)
+            for_first = [sql for sql in statements if sql != "BEGIN"]  # SQLite's BEGIN IMMEDIATE
+            again = repository.insert_unless_known(session, **columns)
+            for_again = [sql for sql in statements if sql != "BEGIN"][len(for_first):]
+        with engine.connect() as connection:
+            written = connection.execute(text(
+                "SELECT v.id, v.state, e.to_state, e.message, e.reason_code, e.attempt, e.at = v.created_at "
+                "FROM verifications v JOIN verification_events e ON e.verification_id = v.id")).all()
+    finally:
+        engine.dispose()
+    assert first is not None and again is None
+    assert [tuple(row) for row in written] == [(first.id, "queued", "queued", "submitted", "submitted", 0, True)]
+    assert for_first == (["WITH"] if database == "pg" else ["INSERT", "INSERT"])
+    assert for_again == (["WITH"] if database == "pg" else ["INSERT"])

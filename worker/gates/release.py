@@ -27,6 +27,14 @@ from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
 from worker.runtime.sentence_config import SentenceConfig
 
 
+def digest_changed(actual_sha256: str, measured_sha256: str, name: str) -> Blocker | None:
+    """The released bytes must be the bytes measured: any other digest is another file."""
+    if actual_sha256 == measured_sha256:
+        return None
+    return Blocker(code="release.file_changed", gate="release",
+                   why=f"{name} changed after it was measured; it is not the file verified")
+
+
 def _remeasure_embedding(candidate: LlamaCandidate, layout: GGUFLayout, sentence: SentenceConfig,
                          measured: RuntimeMeasurements | None, details: dict) -> list[Blocker]:
     blockers: list[Blocker] = []
@@ -118,9 +126,8 @@ def run_release_gate(
         except OSError as exc:
             blockers.append(Blocker(code="release.missing_file", gate="release", why=f"{path}: {exc.strerror}"))
     details["package"] = [f.model_dump() for f in files]
-    if sha256_file(artifact) != measured_sha256:
-        blockers.append(Blocker(code="release.file_changed", gate="release",
-                                why=f"{artifact.name} changed after it was measured; it is not the file verified"))
+    if changed := digest_changed(sha256_file(artifact), measured_sha256, artifact.name):
+        blockers.append(changed)
     elif kind is None:
         blockers.append(Blocker(code="runtime.unknown_model_kind", gate="release", why="cannot re-measure"))
     else:

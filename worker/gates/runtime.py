@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +23,13 @@ from worker.gates.embedding_parity import check_embeddings
 from worker.gates.layer_divergence import locate_divergence
 from worker.gates.logits_parity import check_logits
 from worker.gates.relevance_parity import measure_relevance
+from worker.gates.runtime_evidence import (
+    EmbeddingEvidence,
+    LogitsEvidence,
+    Recorded,
+    RuntimeEvidence,
+    TokenizerEvidence,
+)
 from worker.gates.tokenizer_parity import check_tokenizer
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
@@ -48,6 +55,7 @@ class RuntimeMeasurements:
     logits_top1: tuple[int, ...] = ()
     rerank_orders: tuple[tuple[int, ...], ...] = ()
     rerank_scores: tuple[tuple[float, ...], ...] = ()
+    evidence: RuntimeEvidence | None = None  # what the negative controls replay
 
 
 def is_reranker(config: Mapping[str, Any]) -> bool:
@@ -101,13 +109,18 @@ def _measure_embeddings(
 ) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
     pooling = sentence.pooling or "mean"
 
-    def reference(text: str):
+    def embed_reference(text: str):
         return model.embed(hf.encode(text, add_special=True, parse_special=False), pooling)
 
-    result = check_embeddings(texts, reference, candidate.embed, sentence, ids_equal, policy, thresholds)
+    reference, embed = Recorded(embed_reference), Recorded(candidate.embed)
+    result = check_embeddings(texts, reference, embed, sentence, ids_equal, policy, thresholds)
     details = {"min_cosine": result.min_cosine, "per_text": result.per_text, "retrieval": result.retrieval,
                "diagnosis": result.diagnosis, "pooling": pooling, "normalize": sentence.normalize}
-    measured = RuntimeMeasurements("embedding", n_ctx, retrieval_top1=tuple(result.retrieval["candidate_top1"]))
+    evidence = EmbeddingEvidence(reference=reference, candidate=embed, sentence=sentence, ids_equal=dict(ids_equal),
+                                 policy=policy, thresholds=thresholds, per_text=tuple(result.per_text),
+                                 blockers=tuple(result.blockers))
+    measured = RuntimeMeasurements("embedding", n_ctx, retrieval_top1=tuple(result.retrieval["candidate_top1"]),
+                                   evidence=RuntimeEvidence(texts=texts, embeddings=evidence))
     return result.blockers, details, measured
 
 
@@ -115,14 +128,19 @@ def _measure_logits(
     texts: tuple[Text, ...], model: HFModel, candidate: LlamaCandidate, policy: Policy,
     thresholds: RuntimeThresholds, n_ctx: int,
 ) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
-    def tokenize(text: str) -> list[int]:
+    def llama_ids(text: str) -> list[int]:
         return candidate.tokenize(text, add_special=True, parse_special=False)
 
-    result = check_logits(texts, tokenize, model.logits, candidate.logits, policy, thresholds)
+    tokenize, reference = Recorded(llama_ids), Recorded(model.logits, keep=1)
+    logits = Recorded(candidate.logits, keep=1)
+    result = check_logits(texts, tokenize, reference, logits, policy, thresholds)
     first = result.per_text[0] if result.per_text else None
+    evidence = LogitsEvidence(tokenize=tokenize, reference=reference, candidate=logits, policy=policy,
+                              thresholds=thresholds)
     measured = RuntimeMeasurements(
         "causal-lm", n_ctx, logits_text=next((t.text for t in texts if first and t.label == first["label"]), None),
         logits_top1=tuple(first["candidate_top1"]) if first else (),
+        evidence=RuntimeEvidence(texts=texts, logits=evidence),
     )
     return result.blockers, {"summary": result.summary, "per_text": result.per_text}, measured
 
@@ -216,8 +234,8 @@ def run_runtime_gate(
         if not texts:
             why = f"every text is longer than the context ({n_ctx} tokens): nothing was measured"
             return _not_run(started, why, {"kind": kind, "n_ctx": n_ctx, "texts": [], "skipped_texts": skipped}, [])
-        tokens = check_tokenizer(texts, hf.encode, candidate.tokenize, hf.raw, dict(layout.metadata),
-                                 policy.token_ids_exact)
+        hf_ids, llama_ids = Recorded(hf.encode), Recorded(candidate.tokenize)
+        tokens = check_tokenizer(texts, hf_ids, llama_ids, hf.raw, dict(layout.metadata), policy.token_ids_exact)
         progress("runtime", 1, 3)
         blockers = list(tokens.blockers)
         precision = precision_class(layout)
@@ -234,6 +252,12 @@ def run_runtime_gate(
                                           architecture=str(layout.metadata.get("general.architecture")),
                                           precision=precision))
         progress("runtime", 3, 3)
+        tokenizer = TokenizerEvidence(hf=hf_ids, llama=llama_ids, tokenizer_json=hf.raw,
+                                      metadata=dict(layout.metadata), ids_exact=policy.token_ids_exact,
+                                      default_ids_equal=dict(tokens.default_ids_equal),
+                                      blockers=tuple(tokens.blockers))
+        measured = replace(measured, evidence=replace(measured.evidence or RuntimeEvidence(texts=texts),
+                                                      tokenizer=tokenizer))
         if empty := nothing_measured(details):
             return _not_run(started, empty, details, blockers)
     except ReferenceMissingError as exc:

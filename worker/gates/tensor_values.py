@@ -10,6 +10,7 @@ without an importance matrix is reported as not reproduced, never as a mismatch.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from dataclasses import dataclass, field
 
@@ -276,6 +277,7 @@ def check_tensor(
         bound_violations=acc.bound_violations if bound else None, reader_crosscheck=crosscheck,
         blocks=acc.blocks if ggml_type.quantized else None, not_reproduced=unreproduced,
         sampled_from=acc.blocks_total if sample is not None else None,
+        data_sha256=hashlib.sha256(raw_rows.data).hexdigest(),  # one pass over bytes the checks just paged in
         result="fail" if blockers else "ok",
     )
     return row, blockers

@@ -1,0 +1,45 @@
+"""GET /v1/verifications/{id}/attestation: the verdict's signed DSSE envelope, signed on first request
+and identical on every later one. Visible to whoever may read the verification."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from service.api import access_log
+from service.api.deps import Principal, SessionDep, SettingsDep, require
+from service.api.endpoints import VerificationId, _visible
+from service.api.errors import ERRORS
+from service.attestations import KeyFileError, attestation_for
+from service.auth import READ_OWN_OR_ANY
+
+DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
+ENVELOPE = {"schema": {"type": "object", "required": ["payload", "payloadType", "signatures"]}}
+router = APIRouter(prefix="/v1", responses=ERRORS)
+
+
+@router.get("/verifications/{verification_id}/attestation", response_model=None, responses={
+    200: {"description": "the DSSE envelope of an in-toto Statement; `Accept: " + DSSE_MEDIA_TYPE + "` names it so",
+          "content": {"application/json": ENVELOPE, DSSE_MEDIA_TYPE: ENVELOPE}},
+    409: {**ERRORS[400], "description": "no verdict yet: nothing to attest"},
+    503: {**ERRORS[400], "description": "the signing key cannot be loaded"}})
+async def read_attestation(verification_id: VerificationId, request: Request, session: SessionDep,
+                           settings: SettingsDep,
+                           principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Response:
+    def attest() -> Response:
+        verification = _visible(session, verification_id, principal)
+        try:
+            envelope = attestation_for(session, settings, verification)
+        except KeyFileError as exc:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"attestation signing key: {exc}") from exc
+        if envelope is None:
+            raise HTTPException(status.HTTP_409_CONFLICT,
+                                f"no verdict yet (state {verification.state}): attestations are signed verdicts")
+        access_log.record(session, request, principal, "read_attestation", verification.id)
+        session.commit()  # in this thread: the stored envelope is what every later request returns
+        media = DSSE_MEDIA_TYPE if DSSE_MEDIA_TYPE in request.headers.get("accept", "") else "application/json"
+        return Response(json.dumps(envelope, separators=(",", ":")), media_type=media)
+    return await run_in_threadpool(attest)

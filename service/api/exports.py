@@ -1,0 +1,170 @@
+"""GET /v1/verdicts/export: every verdict under the auditor filters of GET /v1/verifications, as JSON
+Lines or CSV, streamed in constant memory: rows are read one keyset page at a time
+(`service.persistence.exports`) and each page is written before the next is read, so the server
+holds one page, whatever the export's size. With `attestation=true` each row carries its signed DSSE
+envelope, so a recipient can check every verdict without trusting this database."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import StreamingResponse
+from sqlalchemy.engine import Row
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.api import access_log
+from service.api.deps import Principal, SessionDep, SettingsDep, require
+from service.api.errors import ERRORS
+from service.attestations import KeyFileError, active_signing_key, attestation_for
+from service.auth import OWN_ONLY, READ_OWN_OR_ANY
+from service.config import Settings
+from service.lifecycle import State
+from service.persistence import exports as export_queries
+from service.persistence.db import transaction
+from service.persistence.repository import ListFilters, as_utc, get_verification
+from service.schemas import PRINTABLE, SHA256, Moment
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+Format = Literal["jsonl", "csv"]
+MEDIA_TYPES: dict[Format, str] = {"jsonl": "application/x-ndjson", "csv": "text/csv; charset=utf-8"}
+FIELDS = ("id", "created_at", "finished_at", "verdict", "blockers", "artifact_sha256", "artifact_uri", "source_uri",
+          "submitted_by", "policy_origin", "policy_version", "policy_sha256", "attempt", "reused_from")
+BATCH_ROWS = 1000  # rows per keyset page: one page is all the server holds
+ATTESTED_BATCH_ROWS = 100  # with envelopes, each row is a few KB more
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs such a cell (CSV injection)
+EXPORT_TYPES = {"application/x-ndjson": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}}}
+
+
+
+
+async def export_filters(
+    artifact_sha256: Annotated[str | None, Query(pattern=SHA256)] = None,
+    source_uri: Annotated[str | None, Query(max_length=4096, pattern=PRINTABLE)] = None,
+    verdict: Literal["GO", "NO-GO"] | None = None,
+    state: State | None = None,
+    submitted_by: Annotated[str | None, Query(max_length=128, pattern=PRINTABLE)] = None,
+    policy_origin: Literal["configured", "inline", "unrecorded"] | None = None,
+    policy: Annotated[str | None, Query(max_length=63, pattern=PRINTABLE,
+                                        description="the name of a configured policy")] = None,
+    since: Moment | None = None,
+    until: Moment | None = None,
+) -> ListFilters:
+    """The filters of GET /v1/verifications (without its page size and cursor)."""
+    return ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
+                       policy_origin=policy_origin, policy=policy)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else as_utc(moment).isoformat()
+
+
+def record_of(row: Row[Any]) -> dict[str, Any]:
+    """One exported verdict, with the values GET /v1/verifications shows for the same verification."""
+    return {"id": row.id, "created_at": _iso(row.created_at), "finished_at": _iso(row.finished_at),
+            "verdict": row.verdict, "blockers": list(row.blockers), "artifact_sha256": row.artifact_sha256,
+            "artifact_uri": row.artifact_uri, "source_uri": row.source_uri, "submitted_by": row.submitted_by,
+            "policy_origin": row.policy_origin or "unrecorded", "policy_version": row.policy_version,
+            "policy_sha256": row.policy_sha256, "attempt": row.attempt, "reused_from": row.reused_from}
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell: lists space-separated, JSON objects compact, None empty, formulas defused."""
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        value = " ".join(str(item) for item in value)
+    elif isinstance(value, dict):
+        value = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def csv_lines(records: Iterable[dict[str, Any]], fields: tuple[str, ...]) -> bytes:
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerows([_cell(record.get(field)) for field in fields] for record in records)
+    return buffer.getvalue().encode()
+
+
+def jsonl_lines(records: Iterable[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+                   for record in records).encode()
+
+
+Page = tuple[list[dict[str, Any]], export_queries.Keyset | None]
+
+
+def _page(factory: sessionmaker[Session], settings: Settings, filters: ListFilters,
+          after: export_queries.Keyset | None, limit: int, with_attestation: bool) -> Page:
+    """One page of records and the keyset after it (None: this was the last page)."""
+    with transaction(factory) as session:
+        rows = export_queries.verdict_page(session, filters, after=after, limit=limit)
+        records = [record_of(row) for row in rows]
+        if with_attestation:
+            for record in records:
+                verification = get_verification(session, record["id"])
+                record["attestation"] = attestation_for(session, settings, verification) if verification else None
+                session.expunge_all()  # one row's objects at a time
+    last = (rows[-1].created_at, rows[-1].id) if len(rows) == limit else None
+    return records, last
+
+
+def verdict_chunks(factory: sessionmaker[Session], settings: Settings, filters: ListFilters, fmt: Format, *,
+                   with_attestation: bool) -> Iterator[bytes]:
+    """The export, one encoded page per chunk, each page read only when the previous one was written."""
+    fields = (*FIELDS, "attestation") if with_attestation else FIELDS
+    if fmt == "csv":
+        yield csv_lines([dict(zip(fields, fields, strict=True))], fields)
+    limit = min(BATCH_ROWS, ATTESTED_BATCH_ROWS) if with_attestation else BATCH_ROWS
+    after: export_queries.Keyset | None = None
+    while True:
+        records, after = _page(factory, settings, filters, after, limit, with_attestation)
+        if records:
+            yield csv_lines(records, fields) if fmt == "csv" else jsonl_lines(records)
+        if after is None:
+            return
+
+
+@router.get("/verdicts/export", response_class=StreamingResponse, response_model=None,
+            responses={200: {"description": "every matching verdict, newest first: JSON Lines, or CSV with a "
+                             "header row (format=csv or Accept: text/csv)", "content": EXPORT_TYPES},
+                       503: {**ERRORS[400], "description": "attestation=true, and the signing key cannot be loaded"}})
+def export_verdicts(
+    request: Request, session: SessionDep, settings: SettingsDep,
+    principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
+    filters: Annotated[ListFilters, Depends(export_filters)],
+    format: Format | None = None,
+    attestation: Annotated[bool, Query(description="add each verdict's signed DSSE envelope")] = False,
+) -> StreamingResponse:
+    """Streamed: the status and headers go out before the first row is read. Submitters export only
+    their own verdicts; the export is one entry in the access log."""
+    return stream_export(request, session, settings, principal, filters,
+                         format or ("csv" if "text/csv" in request.headers.get("accept", "") else "jsonl"),
+                         attestation)
+
+
+def stream_export(request: Request, session: Session, settings: Settings, principal: Principal,
+                  filters: ListFilters, fmt: Format, with_attestation: bool) -> StreamingResponse:
+    """Log the export and commit before streaming: the rows are read in sessions of their own, and the
+    request's session holds no connection (on SQLite, no write lock) while the download runs."""
+    if principal.role in OWN_ONLY:
+        filters = replace(filters, submitted_by=principal.name)
+    if with_attestation:
+        try:  # now, while a status can still say so, not after the first rows went out
+            active_signing_key(settings)
+        except KeyFileError as exc:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"attestation signing key: {exc}") from exc
+    access_log.record(session, request, principal, "export_verdicts")
+    session.commit()
+    chunks = verdict_chunks(request.app.state.session_factory, settings, filters, fmt,
+                            with_attestation=with_attestation)
+    extension = "csv" if fmt == "csv" else "jsonl"
+    return StreamingResponse(chunks, media_type=MEDIA_TYPES[fmt],
+                             headers={"Content-Disposition": f'attachment; filename="verdicts.{extension}"'})

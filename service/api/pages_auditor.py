@@ -1,0 +1,221 @@
+"""The auditor page and the pages' links: search verdicts with a plain HTML form (GET, so a search is a
+URL to bookmark or share), open a verdict's rendered report, download its signed attestation and
+export the search as CSV or JSON Lines. Signed in like the operator page (the `/ui` cookie, GET
+reads only); operators, auditors and admins may use it. Every read is in the access log, as through
+the API."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from service.api import access_log, exports
+from service.api.deps import Principal, SessionDep, SettingsDep
+from service.api.pages_html import document, esc, model_cell, page_principal
+from service.attestations import KeyFileError, attestation_for
+from service.persistence import repository
+from service.persistence.cursors import InvalidCursorError
+from service.persistence.models import Verification
+from service.report_render import to_html
+from service.schemas import UUID_PATTERN
+
+router = APIRouter(prefix="/ui")
+PAGE = "/ui/auditor"
+PAGE_ROWS = 50
+SHA256 = re.compile(r"[0-9a-f]{64}")
+POLICY_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,63}")
+PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]*")
+SEARCH_FIELDS = ("artifact_sha256", "source_uri", "verdict", "since", "until", "policy")
+SearchText = Annotated[str, Query(max_length=4096)]
+VerificationId = Annotated[str, Path(pattern=UUID_PATTERN)]
+HTML_PAGE = {"content": {"text/html": {"schema": {"type": "string"}}}}
+PAGE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "a search this page cannot run, and why", **HTML_PAGE},
+    401: {"description": "not signed in: the sign-in form", **HTML_PAGE},
+    403: {"description": "a role that may not search verdicts", **HTML_PAGE},
+    404: {"description": "no such verification, or no verdict yet", **HTML_PAGE},
+    503: {"description": "the signing key cannot be loaded", **HTML_PAGE}}
+
+
+def _moment(value: str) -> datetime:
+    """A form's date and time (a datetime-local input sends no zone: UTC is meant), or full ISO 8601."""
+    if not re.match(r"\d{4}-\d{2}-\d{2}", value):
+        raise ValueError(value)
+    moment = datetime.fromisoformat(value)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def parse_search(values: dict[str, str]) -> tuple[repository.ListFilters, list[str]]:
+    """The form's values as filters, and what is wrong with them. An empty field is no filter: a plain
+    form sends every field, filled or not."""
+    given = {key: values.get(key, "").strip() for key in SEARCH_FIELDS}
+    errors = []
+    if given["artifact_sha256"] and not SHA256.fullmatch(given["artifact_sha256"]):
+        errors.append("artifact sha256: 64 lowercase hex digits")
+    if given["verdict"] not in ("", "GO", "NO-GO"):
+        errors.append("verdict: GO or NO-GO")
+    if given["policy"] and not POLICY_NAME.fullmatch(given["policy"]):
+        errors.append("policy: the name of a configured policy")
+    if not PRINTABLE.fullmatch(given["source_uri"]):
+        errors.append("source: printable characters only")
+    moments: dict[str, datetime | None] = {}
+    for key in ("since", "until"):
+        try:
+            moments[key] = _moment(given[key]) if given[key] else None
+        except ValueError:
+            errors.append(f"{key}: a date and time, e.g. 2026-11-30T12:00 (UTC)")
+    filters = repository.ListFilters(given["artifact_sha256"] or None, given["source_uri"] or None,
+                                     given["verdict"] or None, since=moments.get("since"), until=moments.get("until"),
+                                     policy=given["policy"] or None)
+    return filters, errors
+
+
+def _search_form(values: dict[str, str]) -> str:
+    def text(name: str, label: str, width: str, kind: str = "text") -> str:
+        return (f"<label>{label}<input type='{kind}' name='{name}' value='{esc(values.get(name, ''))}' "
+                f"style='width:{width}'></label>")
+    options = "".join(f"<option value='{v}'{' selected' if values.get('verdict') == v else ''}>{v or 'any'}</option>"
+                      for v in ("", "GO", "NO-GO"))
+    return ("<form id='search' class='search' method='get' action='/ui/auditor'>"
+            + text("artifact_sha256", "artifact sha256", "34rem") + text("source_uri", "source", "18rem")
+            + f"<label>verdict<select name='verdict'>{options}</select></label>"
+            + text("since", "since (UTC)", "13rem", "datetime-local") + text("until", "until (UTC)", "13rem",
+                                                                             "datetime-local")
+            + text("policy", "policy", "8rem") + "<button type='submit'>Search</button></form>")
+
+
+def _result_row(v: Verification) -> str:
+    links = ""
+    if v.verdict_result:
+        base = esc(f"/ui/verifications/{v.id}")
+        links = (f"<a class='report' href='{base}/report'>report</a> · "
+                 f"<a class='attestation' href='{base}/attestation' download>attestation</a>")
+    outcome = esc(v.verdict_result or v.state)
+    return (f"<tr data-id='{esc(v.id)}'><td>{esc(repository.as_utc(v.created_at).strftime('%Y-%m-%d %H:%M:%S'))}"
+            f"</td><td title='{esc(v.id)}'>{esc(v.id[:8])}</td>{model_cell(v.artifact_uri, v.source_uri)}"
+            f"<td title='{esc(v.artifact_sha256)}'><code>{esc(v.artifact_sha256[:12])}…</code></td>"
+            f"<td>{esc(v.submitted_by)}</td><td class='{outcome}'>{outcome}</td>"
+            f"<td>{esc(v.policy_origin)}</td><td>{links}</td></tr>")
+
+
+def _link(path: str, query: str, extra: dict[str, str]) -> str:
+    return esc(f"{path}?{query}{'&' if query else ''}{urlencode(extra)}")
+
+
+def _results(rows: list[Verification], query: str, next_cursor: str | None) -> str:
+    head = "".join(f"<th>{h}</th>" for h in ("submitted (UTC)", "id", "model", "artifact sha256", "submitter",
+                                             "outcome", "policy", ""))
+    more = (f"<p><a class='next' href='{_link(PAGE, query, {'cursor': next_cursor})}'>older results</a></p>"
+            if next_cursor else "")
+    exported = " ".join(f"<a class='export-{fmt}' href='{_link('/ui/export', query, {'format': fmt})}' download>"
+                        f"{label}</a>" for fmt, label in (("csv", "CSV"), ("jsonl", "JSON Lines")))
+    return (f"<p>Export every matching verdict: {exported}</p>"
+            f"<table id='results'><thead><tr>{head}</tr></thead><tbody>"
+            + "".join(_result_row(row) for row in rows) + f"</tbody></table>{more}")
+
+
+def _search_query(values: dict[str, str]) -> str:
+    return urlencode([(key, values[key].strip()) for key in SEARCH_FIELDS if values.get(key, "").strip()])
+
+
+@router.get("/auditor", response_class=HTMLResponse, response_model=None, responses=PAGE_RESPONSES)
+def auditor_page(request: Request, session: SessionDep, artifact_sha256: SearchText = "",
+                 source_uri: SearchText = "", verdict: SearchText = "", since: SearchText = "",
+                 until: SearchText = "", policy: SearchText = "",
+                 cursor: Annotated[str | None, Query(max_length=256)] = None) -> HTMLResponse:
+    """Newest first, a page at a time; every verdict links to its report and attestation."""
+    principal = page_principal(request, session, PAGE)
+    if isinstance(principal, HTMLResponse):
+        return principal
+    values = {"artifact_sha256": artifact_sha256, "source_uri": source_uri, "verdict": verdict, "since": since,
+              "until": until, "policy": policy}
+    filters, errors = parse_search(values)
+    rows: list[Verification] = []
+    next_cursor = None
+    if not errors:
+        try:
+            rows, next_cursor = repository.list_verifications(session, filters, limit=PAGE_ROWS, cursor=cursor)
+        except InvalidCursorError:
+            errors.append("the page link is not one this service made: search again")
+    body = (f"<h1>convgate — verdicts</h1>{_search_form(values)}"
+            + "".join(f"<p class='error'>{esc(error)}</p>" for error in errors)
+            + ("" if errors else _results(rows, _search_query(values), next_cursor)))
+    if not errors:
+        access_log.record(session, request, principal, "list_verifications")
+    return HTMLResponse(document("convgate verdicts", body), status_code=400 if errors else 200)
+
+
+def _message(text: str, status_code: int) -> HTMLResponse:
+    return HTMLResponse(document("convgate", f"<p class='error'>{esc(text)}</p>"), status_code=status_code)
+
+
+def _verdict_or_page(request: Request, session: Session,
+                     verification_id: str) -> tuple[Principal, Verification] | HTMLResponse:
+    principal = page_principal(request, session, PAGE)
+    if isinstance(principal, HTMLResponse):
+        return principal
+    verification = repository.get_verification(session, verification_id)
+    if verification is None or verification.verdict_result is None:
+        return _message("no such verification, or no verdict yet", 404)
+    return principal, verification
+
+
+@router.get("/verifications/{verification_id}/report", response_class=HTMLResponse, response_model=None,
+            responses=PAGE_RESPONSES)
+def report_page(verification_id: VerificationId, request: Request, session: SessionDep) -> HTMLResponse:
+    """The rendered report (GET /v1/verifications/{id}/report as text/html), for a signed-in browser."""
+    found = _verdict_or_page(request, session, verification_id)
+    if isinstance(found, HTMLResponse):
+        return found
+    principal, verification = found
+    verdict = repository.verdict_for(session, verification.id)
+    if verdict is None:
+        return _message("no verdict yet", 404)
+    access_log.record(session, request, principal, "read_report", verification.id)
+    return HTMLResponse(to_html(verification.id, verdict.report, verification.policy_origin))
+
+
+@router.get("/verifications/{verification_id}/attestation", response_model=None,
+            responses={200: {"description": "the DSSE envelope, as a download",
+                             "content": {"application/json": {"schema": {"type": "object"}}}}, **PAGE_RESPONSES})
+def attestation_download(verification_id: VerificationId, request: Request, session: SessionDep,
+                         settings: SettingsDep) -> Response:
+    """GET /v1/verifications/{id}/attestation's envelope, saved as `<id>.intoto.jsonl` by the browser."""
+    found = _verdict_or_page(request, session, verification_id)
+    if isinstance(found, HTMLResponse):
+        return found
+    principal, verification = found
+    try:
+        envelope = attestation_for(session, settings, verification)
+    except KeyFileError as exc:
+        return _message(f"attestation signing key: {exc}", 503)
+    if envelope is None:
+        return _message("no verdict yet", 404)
+    access_log.record(session, request, principal, "read_attestation", verification.id)
+    return Response(json.dumps(envelope, separators=(",", ":")), media_type="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="{verification.id}.intoto.jsonl"'})
+
+
+@router.get("/export", response_model=None,
+            responses={200: {"description": "the search's verdicts, as GET /v1/verdicts/export streams them",
+                             "content": exports.EXPORT_TYPES}, **PAGE_RESPONSES})
+def export_download(request: Request, session: SessionDep, settings: SettingsDep,
+                    artifact_sha256: SearchText = "", source_uri: SearchText = "", verdict: SearchText = "",
+                    since: SearchText = "", until: SearchText = "", policy: SearchText = "",
+                    format: exports.Format = "jsonl") -> Response:
+    """The export of a search, for the page's download links (the API's export takes a bearer header)."""
+    principal = page_principal(request, session, PAGE)
+    if isinstance(principal, HTMLResponse):
+        return principal
+    filters, errors = parse_search({"artifact_sha256": artifact_sha256, "source_uri": source_uri,
+                                    "verdict": verdict, "since": since, "until": until, "policy": policy})
+    if errors:
+        return _message("; ".join(errors), 400)
+    return exports.stream_export(request, session, settings, principal, filters, format, with_attestation=False)

@@ -1,0 +1,102 @@
+"""`convgate keys show` and `convgate attestation verify`: printing and exit codes live here, the
+checks in the library modules. Verification is offline: an envelope file, trusted public keys, and
+optionally local copies of the attested files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from service.attestations.envelope import AttestationRefusedError, verify_envelope
+from service.attestations.keys import KeyFileError, active_signing_key, keyid_of, load_public_key, public_pem
+from service.attestations.statement import statement_json
+from service.attestations.subjects import check_subjects
+from service.attestations.tensors import check_tensors
+from service.config import Settings
+
+EXIT_VERIFIED, EXIT_REFUSED, EXIT_CANNOT_CHECK = 0, 1, 2
+keys_app = typer.Typer(no_args_is_help=True, help="The Ed25519 key that signs attestations.")
+attestation_app = typer.Typer(no_args_is_help=True, help="Check signed attestations offline.")
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    sys.stderr.write(f"convgate: {message}\n")
+    return typer.Exit(code)
+
+
+@keys_app.command("show")
+def keys_show(as_json: JsonOpt = False) -> None:
+    """The active signing key's public half (PEM) and key id, plus the other trusted public keys;
+    on the embedded default the key is generated on first use."""
+    settings = Settings()
+    try:
+        active = active_signing_key(settings).public
+        trusted = [(path, load_public_key(path)) for path in settings.trusted_key_files]
+    except KeyFileError as exc:
+        raise _fail(str(exc), EXIT_CANNOT_CHECK) from exc
+    if as_json:
+        document = {"keyid": keyid_of(active), "algorithm": "ed25519", "public_key_pem": public_pem(active),
+                    "trusted": [{"keyid": keyid_of(k), "file": str(p), "public_key_pem": public_pem(k)}
+                                for p, k in trusted]}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    sys.stdout.write(f"keyid: {keyid_of(active)}\n{public_pem(active)}")
+    for path, key in trusted:
+        sys.stdout.write(f"also trusted: {keyid_of(key)} ({path})\n")
+
+
+def _envelope(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        raise _fail(f"cannot read {path}: {exc.strerror or exc}", EXIT_CANNOT_CHECK) from exc
+    except ValueError as exc:
+        raise _fail(f"refused: {path} is not JSON ({exc})", EXIT_REFUSED) from exc
+
+
+@attestation_app.command("verify")
+def attestation_verify(
+    envelope_file: Annotated[Path, typer.Argument(metavar="FILE", help="a DSSE envelope (JSON)")],
+    key: Annotated[list[Path], typer.Option(help="a trusted Ed25519 public key (PEM); repeat to trust several")],
+    subject: Annotated[list[Path] | None, typer.Option(
+        help="a local file whose sha256 must equal the subject it is named as; repeatable")] = None,
+    tensors: Annotated[list[Path] | None, typer.Option(
+        help="a local GGUF whose every tensor's data sha256 must equal the statement's; repeatable")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check the signature (by any trusted key whose id the envelope names), the statement's schema,
+    the given local files against their subjects and the given GGUFs tensor by tensor.
+    Exit 0 verified, 1 refused, 2 cannot check."""
+    try:
+        trusted = [load_public_key(path) for path in key]
+    except KeyFileError as exc:
+        raise _fail(str(exc), EXIT_CANNOT_CHECK) from exc
+    document = _envelope(envelope_file)
+    try:
+        verified = verify_envelope(document, trusted)
+    except AttestationRefusedError as exc:
+        if as_json:
+            sys.stdout.write(json.dumps({"verified": False, "problems": exc.reasons}) + "\n")
+        raise _fail(f"refused: {exc}", EXIT_REFUSED) from exc
+    problems = check_subjects(verified.statement, subject or [])
+    for gguf in tensors or []:
+        problems += check_tensors(verified.statement, gguf)
+    predicate = verified.statement.predicate
+    if as_json:
+        sys.stdout.write(json.dumps({"verified": not problems, "problems": problems, "keyid": verified.keyid,
+                                     "subjects_checked": len(subject or []), "ggufs_checked": len(tensors or []),
+                                     "statement": statement_json(verified.statement)}, indent=2) + "\n")
+    for problem in problems:
+        sys.stderr.write(f"convgate: refused: {problem}\n")
+    if problems:
+        raise typer.Exit(EXIT_REFUSED)
+    if not as_json:
+        tensor_count = len(predicate.tensor_data_sha256) if tensors else 0
+        sys.stdout.write(f"verified: {predicate.verdict} for verification {predicate.verification_id}, signed by "
+                         f"{verified.keyid}, {len(subject or [])} local file(s) match their subjects, "
+                         f"{tensor_count} tensor(s) match\n")
