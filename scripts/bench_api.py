@@ -19,25 +19,12 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
-from typing import IO
 
 import httpx
 import psycopg
-
-ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from throwaway_server import served
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -86,24 +73,6 @@ def seed_verdicts(dsn: str, count: int) -> list[str]:
         db.execute("ANALYZE verdicts")
         shas = [row[0] for row in db.execute("SELECT DISTINCT artifact_sha256 FROM verifications LIMIT 2000")]
     return shas
-
-
-def start_server(env: dict[str, str], log: IO[bytes]) -> tuple[subprocess.Popen[bytes], str, str]:
-    convgate = os.path.join(os.path.dirname(sys.executable), "convgate")
-    subprocess.check_call([convgate, "db", "upgrade"], env=env)
-    token = subprocess.check_output([convgate, "tokens", "create", "bench", "--role", "admin"], env=env,
-                                    text=True).strip()
-    port = free_port()
-    server = subprocess.Popen([convgate, "serve", "--port", str(port), "--no-migrate"], env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{url}/readyz").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    return server, url, token
 
 
 def cpu_seconds(pid: int) -> float:
@@ -183,19 +152,6 @@ def bench_audit(url: str, dsn: str, headers: dict[str, str], verdicts: int, quer
           f"  -> query p99 / baseline p99 = {q99 / h99:.1f}x")
 
 
-def drop_database(name: str) -> None:
-    """Retried: after a million inserts an autovacuum worker (not ours to terminate) may be in it a while."""
-    for attempt in range(30):
-        try:
-            with psycopg.connect(ADMIN, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-            return
-        except psycopg.errors.InsufficientPrivilege:
-            if attempt == 29:
-                raise
-            time.sleep(1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -203,33 +159,9 @@ def main() -> None:
     parser.add_argument("--verdicts", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=500)
     args = parser.parse_args()
-    name = f"convgate_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    env = dict(os.environ, CONVGATE_DATABASE_URL=dsn.replace("postgresql://", "postgresql+psycopg://"),
-               CONVGATE_DISPATCHER="none")
-    with tempfile.TemporaryFile() as log:
-        run(env, dsn, name, log, args)
-
-
-def run(env: dict[str, str], dsn: str, name: str, log: IO[bytes], args: argparse.Namespace) -> None:
-    """Both benchmarks against one server; on a failure, the server's last log lines go to stderr."""
-    server = None
-    try:
-        server, url, token = start_server(env, log)
-        headers = {"Authorization": f"Bearer {token}"}
-        bench_submit(server.pid, url, headers, args.requests, args.concurrency)
-        bench_audit(url, dsn, headers, args.verdicts, args.queries)
-    except BaseException:
-        log.seek(0)
-        print("the server's log, last lines:\n" + log.read().decode(errors="replace")[-6000:], file=sys.stderr)
-        raise
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
-        drop_database(name)
+    with served("admin") as server:
+        bench_submit(server.pid, server.url, server.headers, args.requests, args.concurrency)
+        bench_audit(server.url, server.dsn, server.headers, args.verdicts, args.queries)
 
 
 if __name__ == "__main__":

@@ -13,20 +13,13 @@ Usage: python scripts/bench_export.py [--verdicts 1000000] [--small 10000] [--fo
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
-from typing import IO
 
 import httpx
 import psycopg
+from throwaway_server import served
 
-ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
 SEED = """
     WITH seeded AS (
         INSERT INTO verifications (id, submitted_by, idempotency_key, request_sha256, source_uri, artifact_uri,
@@ -44,12 +37,6 @@ SEED = """
     SELECT id, 1, verdict_result,
         CASE WHEN verdict_result = 'GO' THEN '[]'::json ELSE '["tensor.value_mismatch"]'::json END,
         '{"verdict": "seeded"}'::json, %(now)s FROM seeded"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def seed(dsn: str, count: int, moment: datetime) -> None:
@@ -77,25 +64,6 @@ def reset_peak(pid: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def start_server(env: dict[str, str], log: IO[bytes]) -> tuple[subprocess.Popen[bytes], str, str]:
-    convgate = os.path.join(os.path.dirname(sys.executable), "convgate")
-    subprocess.check_call([convgate, "db", "upgrade"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    token = subprocess.check_output([convgate, "tokens", "create", "auditor", "--role", "auditor"], env=env,
-                                    text=True).strip()
-    port = free_port()
-    server = subprocess.Popen([convgate, "serve", "--port", str(port), "--no-migrate"], env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/readyz").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    return server, url, token
 
 
 def export(url: str, token: str, params: dict[str, str]) -> tuple[int, int, float]:
@@ -140,19 +108,6 @@ def bench(pid: int, url: str, token: str, args: argparse.Namespace, moment: date
               f"rows; idle {idle / 1024:.1f} MiB)")
 
 
-def drop_database(name: str) -> None:
-    """Retried: after a million inserts an autovacuum worker (not ours to end) may still be in it."""
-    for attempt in range(30):
-        try:
-            with psycopg.connect(ADMIN, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-            return
-        except psycopg.errors.InsufficientPrivilege:
-            if attempt == 29:
-                raise
-            time.sleep(1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verdicts", type=int, default=1_000_000)
@@ -162,30 +117,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.verdicts, args.small, args.formats = 2000, 200, "jsonl"
-    name = f"convgate_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    env = dict(os.environ, CONVGATE_DATABASE_URL=dsn.replace("postgresql://", "postgresql+psycopg://"),
-               CONVGATE_DISPATCHER="none")
-    server = None
-    with tempfile.TemporaryFile() as log:
-        try:
-            server, url, token = start_server(env, log)
-            moment = datetime.now(UTC).replace(microsecond=0)
-            started = time.perf_counter()
-            seed(dsn, args.verdicts, moment)
-            print(f"seeded {args.verdicts:,} verdicts in {time.perf_counter() - started:.1f}s")
-            bench(server.pid, url, token, args, moment)
-        except BaseException:
-            log.seek(0)
-            print("the server's log, last lines:\n" + log.read().decode(errors="replace")[-6000:], file=sys.stderr)
-            raise
-        finally:
-            if server is not None:
-                server.terminate()
-                server.wait(timeout=30)
-            drop_database(name)
+    with served("auditor") as server:
+        moment = datetime.now(UTC).replace(microsecond=0)
+        started = time.perf_counter()
+        seed(server.dsn, args.verdicts, moment)
+        print(f"seeded {args.verdicts:,} verdicts in {time.perf_counter() - started:.1f}s")
+        bench(server.pid, server.url, server.token, args, moment)
 
 
 if __name__ == "__main__":
