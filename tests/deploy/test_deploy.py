@@ -247,6 +247,27 @@ def test_configured_policies_reach_the_settings_and_the_schema_refuses_bad_ones(
         assert result.returncode != 0 and "schema" in result.stderr.lower(), (bad, result.stderr)
 
 
+def test_callback_values_reach_the_settings_and_the_schema_refuses_bad_ones(monkeypatch):
+    from service.config import Settings
+
+    values = ["--set", "callbacks.attempts=3", "--set-json", "callbacks.backoffSeconds=2.5",
+              "--set", "callbacks.maxBackoffSeconds=60", "--set", "callbacks.timeoutSeconds=4",
+              "--set-json", 'callbacks.httpOrigins=["http://ci.internal:8080"]']
+    config_map = next(doc for doc in render(*values) if doc["kind"] == "ConfigMap")
+    for key, value in config_map["data"].items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CONVGATE_DATABASE_URL", "postgresql+psycopg://u@db/convgate")
+    settings = Settings()
+    assert (settings.callback_attempts, settings.callback_backoff_seconds, settings.callback_max_backoff_seconds,
+            settings.callback_timeout_seconds) == (3, 2.5, 60.0, 4.0)
+    assert settings.callback_http_origins == ("http://ci.internal:8080",)
+    for bad in (["--set", "callbacks.attempts=0"], ["--set", "callbacks.timeoutSeconds=0"],
+                ["--set-json", 'callbacks.httpOrigins=["https://ci.internal"]']):
+        result = subprocess.run([str(helm()), "template", "cg", str(CHART), *bad], capture_output=True, text=True,
+                                timeout=120, check=False)
+        assert result.returncode != 0 and "schema" in result.stderr.lower(), (bad, result.stderr)
+
+
 def test_the_chart_policy_schema_is_the_policy_model():
     """values.schema.json embeds worker/policy.py's JSON schema; regenerate it with
     `python tests/deploy/test_deploy.py` when the Policy changes."""
