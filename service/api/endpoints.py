@@ -181,7 +181,7 @@ def read_callbacks(verification_id: VerificationId, request: Request, session: S
                    principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> CallbacksOut:
     """The completion callback (URL redacted) and every delivery attempt so far."""
     verification = _visible(session, verification_id, principal)
-    access_log.record(session, request, principal, "read_verification", verification.id)
+    access_log.record(session, request, principal, "read_callbacks", verification.id)
     url = verification.callback_url
     return CallbacksOut(callback_url=None if url is None else redact(url), state=verification.callback_state,
                         deliveries=[CallbackDeliveryOut(

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from service.api.app import create_app
 from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import transaction
+from service.persistence.models import AccessLogRecord
 from tests.service.conftest import add_token, settings_for
 from tests.service.test_api import complete
 
@@ -158,6 +160,9 @@ def test_a_receiver_failing_twice_then_succeeding_shows_three_deliveries(db, tmp
         wait_for(lambda: callbacks(api, who["one"], verification_id)["state"] == "delivered")
         shown = callbacks(api, who["one"], verification_id)
         assert api.get(f"/v1/verifications/{verification_id}/callbacks", headers=auth(who["two"])).status_code == 404
+        with transaction(api.app.state.session_factory) as session:
+            logged = session.scalars(select(AccessLogRecord.action)).all()
+        assert "read_callbacks" in logged  # the read is named for what it read
     deliveries = shown["deliveries"]
     assert [(d["attempt"], d["status_code"]) for d in deliveries] == [(1, 500), (2, 503), (3, 200)]
     assert deliveries[0]["next_retry_at"] is not None and deliveries[1]["next_retry_at"] is not None
