@@ -339,7 +339,8 @@ def test_gate1_controls_share_their_seconds(minilm):
     elapsed = time.perf_counter() - started
     assert [(c.gate, c.outcome) for c in found] == [("storage", "detected")] * 2
     assert found[0].seconds == found[1].seconds and 0 < 2 * found[0].seconds <= elapsed
-    assert [c.detected_by for c in found] == [["tensor.value_mismatch"], ["tensor.reproduction_mismatch"]]
+    assert [c.detected_by for c in found] == [["tensor.value_mismatch"],
+                                              ["tensor.reproduction_mismatch", "tensor.value_mismatch"]]
 
 
 def test_a_control_that_cannot_run_counts_as_not_detected(tmp_path):
@@ -368,14 +369,14 @@ def test_one_row_is_the_rows_bytes_as_a_tensor():
 def test_plant_sites():
     policy = Policy()
     assert plant_site(info(F32, (10, 1)), policy, None) == (1020, "one F32 weight moved by one ulp", "element 5")
-    assert plant_site(info(Q8_0, (96, 1)), policy, None) == (1034, "one Q8_0 block's scale moved by one ulp",
-                                                             "block 1 byte 0")
-    assert plant_site(info(Q6_K, (768, 1)), policy, None) == (1000 + 210 + 208,
-                                                              "one Q6_K block's scale moved by one ulp",
-                                                              "block 1 byte 208")
+    assert plant_site(info(Q8_0, (96, 1)), policy, None) == (1035, "one Q8_0 block's scale moved by 256 ulps",
+                                                             "block 1 byte 1")
+    assert plant_site(info(Q6_K, (768, 1)), policy, None) == (1000 + 210 + 208 + 1,
+                                                              "one Q6_K block's scale moved by 256 ulps",
+                                                              "block 1 byte 209")
     odd = GGMLType(99, "IQ2_XXS", 256, 66)
-    assert plant_site(info(odd, (512, 1)), policy, None) == (1066, "one bit of one IQ2_XXS block flipped",
-                                                             "block 1 byte 0")
+    assert plant_site(info(odd, (512, 1)), policy, None) == (1067, "one bit of one IQ2_XXS block flipped",
+                                                             "block 1 byte 1")
 
 
 def test_a_sampled_reproduction_is_planted_in_its_first_sampled_block():
@@ -385,8 +386,8 @@ def test_a_sampled_reproduction_is_planted_in_its_first_sampled_block():
     first = int(np.flatnonzero(block_sample("ab" * 32, "t", 40, 0.25))[0])
     assert first != 20  # not the middle block a full reproduction would get
     byte, _, where = plant_site(info(Q6_K, (256 * 40, 1)), policy, "ab" * 32)
-    assert (byte, where) == (1000 + first * 210 + 208, f"block {first} byte 208")
-    assert plant_site(info(Q8_0, (32 * 40, 1)), policy, "ab" * 32)[2] == "block 20 byte 0"  # Q8_0 is not sampled
+    assert (byte, where) == (1000 + first * 210 + 209, f"block {first} byte 209")
+    assert plant_site(info(Q8_0, (32 * 40, 1)), policy, "ab" * 32)[2] == "block 20 byte 1"  # Q8_0 is not sampled
 
 
 def test_candidates_per_type_smallest_first_by_name(monkeypatch):
@@ -426,9 +427,9 @@ def test_gate1_controls_on_a_real_conversion(minilm, monkeypatch):
     found = storage_controls(artifact, layout, source, Policy(), None, "cd" * 32)
     assert [(p.defect, p.detected_by) for p in found] == [
         ("one F32 weight moved by one ulp", ("tensor.value_mismatch",)),
-        ("one Q8_0 block's scale moved by one ulp", ("tensor.reproduction_mismatch",))]
+        ("one Q8_0 block's scale moved by 256 ulps", ("tensor.reproduction_mismatch", "tensor.value_mismatch"))]
     assert found[0].location == "blk.0.attn_k.bias row 0 element 192"
-    assert found[1].location == "blk.0.attn_k.weight row 192 block 6 byte 0"
+    assert found[1].location == "blk.0.attn_k.weight row 192 block 6 byte 1"
     assert hashlib.sha256(artifact.read_bytes()).hexdigest() == before
     monkeypatch.setattr(tensor_values, "_judge", lambda *args, **kwargs: [])
     assert {p.outcome for p in storage_controls(artifact, layout, source, Policy(), None, None)} == {"not_detected"}
@@ -460,12 +461,12 @@ def test_gate1_controls_follow_the_row_transform_and_the_importance_matrix(tiny_
     source = open_source(tiny_llama / "source")
     found = storage_controls(artifact, read_layout(artifact), source, Policy(), None, None)
     assert [p.location for p in found] == ["blk.0.attn_norm.weight row 0 element 128",
-                                           "blk.0.attn_k.weight row 64 block 4 byte 0"]  # Q/K rows permuted
+                                           "blk.0.attn_k.weight row 64 block 4 byte 1"]  # Q/K rows permuted
     weighted = imatrix_fixture / "tiny-llama-Q4_K_M-imat.gguf"
     matrix = read_imatrix(imatrix_fixture / "imatrix-english.gguf")
     by_type = {p.defect.split()[1]: p for p in storage_controls(weighted, read_layout(weighted), source, Policy(),
                                                                  matrix, None) if p.outcome != "not_applicable"}
-    assert by_type["Q4_K"].detected_by == ("tensor.reproduction_mismatch",)
+    assert by_type["Q4_K"].detected_by == ("tensor.reproduction_mismatch", "tensor.value_mismatch")
 
 
 def test_gate1_controls_check_the_planted_row_as_the_honest_one(imatrix_fixture, tiny_llama, monkeypatch):

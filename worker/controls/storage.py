@@ -27,8 +27,10 @@ from worker.quant.imatrix import ImatrixError, ImportanceMatrix
 from worker.quant.sampling import block_sample, sampled
 
 CHECK = "tensor values"
-# Where each type's fp16 block scale `d` starts (ggml-common.h's block layouts): its lowest bit moves the
-# scale by one ulp. Other quantized types get the lowest bit of the block's first byte (a quant or sub-scale).
+# Where each type's fp16 block scale `d` starts (ggml-common.h's block layouts). The control flips the lowest
+# bit of its high byte, moving the scale by 256 ulps (12-25%): one ulp is no defect to reproduction, whose
+# tie tolerance (policy `tie_ulps`) accepts a scale one ulp off. Other quantized types get the lowest bit of
+# the block's second byte (a quant or sub-scale; for the IQ types, the high byte of `d` too).
 SCALE_OFFSET = {"Q4_0": 0, "Q4_1": 0, "Q5_0": 0, "Q5_1": 0, "Q8_0": 0, "Q4_K": 0, "Q5_K": 0, "IQ4_NL": 0,
                 "IQ4_XS": 0, "Q2_K": 80, "Q3_K": 108, "Q6_K": 208}
 
@@ -44,7 +46,7 @@ def plant_site(row: TensorInfo, policy: Policy, seed: str | None) -> tuple[int, 
     """(absolute byte whose lowest bit is flipped, the defect in words, where) in the one-row tensor `row`.
 
     Floats: the middle element's lowest mantissa bit (one ulp). Quantized: a block the check compares (the
-    first sampled one when reproduction samples, else the middle one), its scale moved by one ulp."""
+    first sampled one when reproduction samples, else the middle one), its scale moved by 256 ulps."""
     ggml_type = row.ggml_type
     if not ggml_type.quantized:
         element = row.n_elements // 2
@@ -55,9 +57,9 @@ def plant_site(row: TensorInfo, policy: Policy, seed: str | None) -> tuple[int, 
     if seed is not None and sampled(ggml_type.name, policy.reproduce_sample):
         block = int(np.flatnonzero(block_sample(seed, row.name, n_blocks, policy.reproduce_sample))[0])
     if ggml_type.name in SCALE_OFFSET:
-        within, defect = SCALE_OFFSET[ggml_type.name], f"one {ggml_type.name} block's scale moved by one ulp"
+        within, defect = SCALE_OFFSET[ggml_type.name] + 1, f"one {ggml_type.name} block's scale moved by 256 ulps"
     else:
-        within, defect = 0, f"one bit of one {ggml_type.name} block flipped"
+        within, defect = 1, f"one bit of one {ggml_type.name} block flipped"
     return row.offset + block * ggml_type.type_size + within, defect, f"block {block} byte {within}"
 
 
