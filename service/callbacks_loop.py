@@ -6,7 +6,6 @@ due again after its lease."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from datetime import timedelta
 
@@ -23,22 +22,25 @@ from service.persistence import callbacks as store
 from service.persistence import repository
 from service.persistence.db import transaction
 from service.persistence.models import CallbackDelivery
+from service.ticker import Ticker
 from service.verifications import to_out
 
 log = logging.getLogger("convgate.callbacks")
 BATCH = 20
 
 
-class CallbackLoop:
+class CallbackLoop(Ticker):
+    tick_name = "callback"
+    thread_name = "convgate-callbacks"
+
     def __init__(self, factory: sessionmaker[Session], settings: Settings) -> None:
+        super().__init__(settings.poll_seconds, log)
         self.factory = factory
         self.settings = settings
         # sending and recording one delivery must end well within its lease
         self.lease = timedelta(seconds=4 * settings.callback_timeout_seconds + 30)
         self.client = checked_client(uri_policy(settings), verify=True, timeout_s=settings.callback_timeout_seconds,
                                      allowed_origins=callbacks.http_origins(settings))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def tick(self) -> int:
         """Attempt every due delivery once; returns how many were attempted (tests drive it directly)."""
@@ -82,20 +84,5 @@ class CallbackLoop:
         except (httpx.HTTPError, UriRefusedError) as exc:
             return None, redact(f"{type(exc).__name__}: {exc}")[:500]
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception:
-                log.exception("callback tick failed; retrying")
-            self._stop.wait(self.settings.poll_seconds)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="convgate-callbacks", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+    def close(self) -> None:
         self.client.close()

@@ -4,7 +4,6 @@ launch. Each claimed attempt gets its own secret (issued in the claim's transact
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -18,6 +17,7 @@ from service.persistence import repository
 from service.persistence.attempt_secrets import issue_attempt_secret
 from service.persistence.db import transaction
 from service.persistence.worker_reports import apply_worker_reports
+from service.ticker import Ticker
 from worker.errors import ConvgateError
 
 log = logging.getLogger("convgate.dispatch")
@@ -32,13 +32,15 @@ def _kubernetes(settings: Settings) -> Dispatcher:
 DISPATCHERS: dict[str, Callable[[Settings], Dispatcher]] = {"local": LocalPool, "kubernetes": _kubernetes}
 
 
-class DispatchLoop:
+class DispatchLoop(Ticker):
+    tick_name = "dispatch"
+    thread_name = "convgate-dispatch"
+
     def __init__(self, dispatcher: Dispatcher, factory: sessionmaker[Session], settings: Settings) -> None:
+        super().__init__(settings.poll_seconds, log)
         self.dispatcher = dispatcher
         self.factory = factory
         self.settings = settings
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._exits: list[WorkerExit] = []  # reaped, not yet recorded
 
     @classmethod
@@ -114,20 +116,5 @@ class DispatchLoop:
                     repository.undispatch(session, verification_id, attempt, str(exc),
                                           getattr(exc, "cluster_status", None))
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception:
-                log.exception("dispatch tick failed; retrying")
-            self._stop.wait(self.settings.poll_seconds)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="convgate-dispatch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+    def close(self) -> None:
         self.dispatcher.shutdown()
