@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from service.persistence.models import Verdict, Verification
-from service.persistence.repository import ListFilters, list_conditions
+from service.persistence.repository import ListFilters, list_conditions, older_than
 
 COLUMNS = (
     Verification.id, Verification.created_at, Verification.finished_at, Verdict.verdict,
@@ -34,11 +34,7 @@ def verdict_page(session: Session, filters: ListFilters, *, after: Keyset | None
     """Up to `limit` verdicts older than `after` (the last row's (created_at, id)), in the list's order."""
     conditions = list_conditions(filters)
     if after is not None:
-        created, ident = after
-        # `created_at <= x` bounds the index range; the OR only sorts out the rows at x. (The OR alone
-        # is a filter, not a range: Postgres then scans every row already exported, page after page.)
-        conditions += [Verification.created_at <= created,
-                       or_(Verification.created_at < created, Verification.id < ident)]
+        conditions += older_than(*after)
     query = (select(*COLUMNS).join(Verdict, Verdict.verification_id == Verification.id).where(*conditions)
              .order_by(Verification.created_at.desc(), Verification.id.desc()).limit(limit))
     return session.execute(query).all()

@@ -139,15 +139,21 @@ def list_conditions(filters: ListFilters) -> list[Any]:
     return conditions + policy_conditions(filters.policy_origin, filters.policy)
 
 
+def older_than(created: datetime, ident: str) -> list[ColumnElement[bool]]:
+    """Rows after (created, ident) in the newest-first (created_at, id) order: the list's and the export's
+    keyset condition. `created_at <= x` bounds the index range; the OR only sorts out the rows at x. (The
+    OR alone is a filter, not a range: Postgres then walks every newer row, page after page.)"""
+    return [Verification.created_at <= created,
+            or_(Verification.created_at < created, Verification.id < ident)]
+
+
 def list_verifications(session: Session, filters: ListFilters, *, limit: int,
                        cursor: str | None = None) -> tuple[list[Verification], str | None]:
     """Newest first, ordered by (created_at, id) so pages never skip or repeat a row."""
     query = select(Verification)
     conditions = list_conditions(filters)
     if cursor is not None:
-        created, ident = decode_cursor(cursor)
-        conditions.append(or_(Verification.created_at < created,
-                              and_(Verification.created_at == created, Verification.id < ident)))
+        conditions += older_than(*decode_cursor(cursor))
     query = query.where(*conditions).order_by(Verification.created_at.desc(), Verification.id.desc())
     rows = list(session.scalars(query.limit(limit + 1)))
     next_cursor = encode_cursor(rows[limit - 1]) if len(rows) > limit else None

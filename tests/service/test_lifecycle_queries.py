@@ -366,3 +366,35 @@ def test_guards_need_their_values():
                                  (Action.EXPIRED_RETRY, repository.Fence(attempt=1), "lease_expired")):
         with pytest.raises(ValueError, match=f"^the {guard} guard needs a value$"):
             repository._apply(None, action, "x", fence=fence)
+
+
+def test_a_later_page_is_an_index_range_on_postgres_not_a_rescan(pg):
+    """The keyset condition bounds `created_at` in the index, so page 10,000 of the auditor list costs what
+    page 1 does. The OR form alone (`created_at < x OR (created_at = x AND id < y)`) is only a Filter on
+    Postgres: the backward index scan walks every newer row before the page starts."""
+    from sqlalchemy import event
+
+    from service.persistence.db import make_engine, session_factory
+
+    engine = make_engine(pg)
+    pages = session_factory(engine)
+    ids = [submitted(pages) for _ in range(3)]
+    statements: list[tuple[str, object]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "ORDER BY verifications.created_at DESC" in statement:
+            statements.append((statement, parameters))
+
+    with pages() as session:
+        first, cursor = repository.list_verifications(session, repository.ListFilters(), limit=1)
+        event.listen(engine, "before_cursor_execute", capture)
+        second, _ = repository.list_verifications(session, repository.ListFilters(), limit=1, cursor=cursor)
+        event.remove(engine, "before_cursor_execute", capture)
+    assert {first[0].id, second[0].id} <= set(ids) and first[0].id != second[0].id
+    (statement, parameters), = statements
+    with engine.connect() as connection:
+        connection.exec_driver_sql("SET enable_seqscan = off")
+        plan = "\n".join(line for line, in connection.exec_driver_sql("EXPLAIN " + statement, parameters))
+    engine.dispose()
+    index_conditions = [line for line in plan.splitlines() if "Index Cond" in line]
+    assert any("created_at <=" in line for line in index_conditions), plan
