@@ -20,11 +20,15 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import psycopg
-from throwaway_server import served
+from throwaway_server import free_port, served
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -100,7 +104,9 @@ def row(label: str, requests: int, wall: float, latencies: list[float], errors: 
             f"{percentile(latencies, .99) * 1e3:>9.1f}{errors:>8}{cpu_ms[0]:>12.2f}{cpu_ms[1]:>12.2f}")
 
 
-def bench_submit(pid: int, url: str, headers: dict[str, str], requests: int, concurrency: int) -> None:
+def submit_rows(pid: int, url: str, headers: dict[str, str], requests: int,
+                concurrency: int) -> tuple[tuple, tuple]:
+    """(/healthz, POST /v1/verifications) of one server: each `measured` tuple."""
     body = {"source_uri": "hf://org/src@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
             "artifact_sha256": "e" * 64}
 
@@ -115,17 +121,53 @@ def bench_submit(pid: int, url: str, headers: dict[str, str], requests: int, con
                                  headers=post_headers | {"Idempotency-Key": f"k{i}"})
 
     asyncio.run(load(url, 200, concurrency, health))  # warm up
-    base_wall, base_lat, base_err, base_cpu = measured(pid, url, requests, concurrency, health)
-    sub_wall, sub_lat, sub_err, sub_cpu = measured(pid, url, requests, concurrency, post)
+    return measured(pid, url, requests, concurrency, health), measured(pid, url, requests, concurrency, post)
+
+
+def ratios(base: tuple, sub: tuple) -> str:
+    return (f"throughput {base[0] / sub[0]:.2f}x, p99 {percentile(sub[1], .99) / percentile(base[1], .99):.1f}x, "
+            f"server CPU per request {sub[3][0] / base[3][0] if base[3][0] else float('nan'):.1f}x")
+
+
+@contextmanager
+def floor_server(dsn: str) -> Iterator[tuple[int, str]]:
+    """scripts/api_floor.py under the same uvicorn settings as `convgate serve`, on the same database."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "api_floor:app", "--app-dir", os.path.dirname(__file__), "--port",
+         str(port), "--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level", "warning"],
+        env=dict(os.environ, CONVGATE_FLOOR_DSN=dsn))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("the floor app did not start")
+        yield process.pid, url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def bench_submit(server, requests: int, concurrency: int) -> None:
+    base, sub = submit_rows(server.pid, server.url, server.headers, requests, concurrency)
+    with floor_server(server.dsn) as (floor_pid, floor_url):
+        floor_base, floor_sub = submit_rows(floor_pid, floor_url, {}, requests, concurrency)
     print(f"submit load: {requests} requests, {concurrency} concurrent, one uvicorn process, Postgres; machine load "
           f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other work distorts the latencies)")
     print(f"{'endpoint':<26}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}{'server CPU':>12}"
           f"{'client CPU':>12}")
-    print(row("GET /healthz (baseline)", requests, base_wall, base_lat, base_err, base_cpu))
-    print(row("POST /v1/verifications", requests, sub_wall, sub_lat, sub_err, sub_cpu))
-    print(f"ratio submit/baseline: throughput {base_wall / sub_wall:.2f}x, p99 "
-          f"{percentile(sub_lat, .99) / percentile(base_lat, .99):.1f}x, server CPU per request "
-          f"{sub_cpu[0] / base_cpu[0]:.1f}x (CPU columns: ms per request; the client is this process)")
+    print(row("GET /healthz (baseline)", requests, *base))
+    print(row("POST /v1/verifications", requests, *sub))
+    print(row("floor GET /healthz", requests, *floor_base))
+    print(row("floor POST (one insert)", requests, *floor_sub))
+    print(f"ratio submit/baseline: {ratios(base, sub)} (CPU columns: ms per request; the client is this process)")
+    print(f"ratio floor submit/floor healthz: {ratios(floor_base, floor_sub)} (scripts/api_floor.py: a bare ASGI app "
+          "that only writes the same rows, durably; no endpoint that commits before answering can beat it)")
 
 
 def bench_audit(url: str, dsn: str, headers: dict[str, str], verdicts: int, queries: int) -> None:
@@ -160,7 +202,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=500)
     args = parser.parse_args()
     with served("admin") as server:
-        bench_submit(server.pid, server.url, server.headers, args.requests, args.concurrency)
+        bench_submit(server, args.requests, args.concurrency)
         bench_audit(server.url, server.dsn, server.headers, args.verdicts, args.queries)
 
 

@@ -10,7 +10,7 @@ of the repository (under the system temp folder, or --workdir): two sets, or a d
 the tree, never see each other's mutants. The sets are the table below; `[tool.mutmut]` in
 pyproject.toml is only the template the copy's settings are written into.
 
-Usage: python scripts/mutation_score.py [--set engine|lifecycle|edge|all] [--no-run] [--target 0.9]
+Usage: python scripts/mutation_score.py [--set engine|lifecycle|edge|coverage|grid|scale|all] [--no-run] [--target 0.9]
 """
 
 from __future__ import annotations
@@ -63,6 +63,18 @@ SETS = {
          "worker/acceptance.py", "worker/quant/imatrix.py"),
         ("tests/unit/test_derived_tensors.py", "tests/unit/test_inventory_derivations.py",
          "tests/unit/test_reproduction_outcomes.py", "tests/unit/test_imatrix_files.py")),
+    "grid": MutationSet(
+        ("worker",),
+        ("worker/quant/grid_bounds.py",),
+        ("tests/unit/test_grid_bounds.py",)),
+    "scale": MutationSet(
+        ("worker", "service"),
+        ("worker/resources.py", "worker/gates/value_checks.py", "worker/gates/storage_parts.py",
+         "worker/quant/sampling.py", "service/persistence/shards.py", "worker/runtime/streamed_model.py"),
+        ("tests/unit/test_resources.py", "tests/unit/test_sampling.py", "tests/service/test_local_threads.py",
+         "tests/service/test_gate1_shards.py", "tests/integration/test_gate1_pool.py",
+         "tests/integration/test_shards.py", "tests/integration/test_sampled_reproduction.py",
+         "tests/integration/test_streamed_reference.py")),
 }
 
 
