@@ -4,9 +4,11 @@ cost on this machine, measured next to the real endpoint in the same run.
 A bare ASGI app (no framework, no authentication, no validation, no policy) served by the same uvicorn
 (httptools, uvloop, no access log) as `convgate serve`. Its POST parses the JSON body and writes the same
 two rows the real endpoint writes (the queued verification and its "submitted" event, one statement)
-through async psycopg, committed before it answers 201; its GET /healthz answers from memory. Whatever
-this app's POST/healthz throughput ratio is, no implementation of the real endpoint that keeps a
-submission durable before answering can beat it on the same cores.
+through async psycopg, committed before it answers 201; its GET /v1/verifications?artifact_sha256=
+reads the same page the auditor query reads and appends the same access-log row, committed before it
+answers; its GET /healthz answers from memory. Whatever this app's ratios to its own /healthz are, no
+implementation of the real endpoints that keeps a submission, and an auditor's read, durable before
+answering can beat them on the same cores.
 
 Run by bench_api.py: `uvicorn api_floor:app` with CONVGATE_FLOOR_DSN naming the benchmark's database.
 """
@@ -17,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import os
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -34,6 +37,12 @@ WITH new AS (
 INSERT INTO verification_events (verification_id, at, from_state, to_state, attempt, message, reason_code)
 SELECT id, now(), NULL, 'queued', 0, 'submitted', 'submitted' FROM new RETURNING verification_id"""
 
+AUDIT_PAGE = """
+SELECT id, state, submitted_by, source_uri, artifact_uri, artifact_sha256, policy_sha256, verdict_result, created_at
+FROM verifications WHERE artifact_sha256 = %s ORDER BY created_at DESC, id DESC LIMIT 51"""
+AUDIT_LOG = """
+INSERT INTO access_log (at, principal, role, action, verification_id, path, query)
+VALUES (now(), 'floor', 'auditor', 'list_verifications', NULL, '/v1/verifications', %s)"""
 POOL: dict[str, asyncio.Queue[psycopg.AsyncConnection[Any]]] = {}  # "idle": opened at startup
 
 
@@ -67,12 +76,16 @@ async def _answer(send, status: int, body: bytes) -> None:
 
 
 async def app(scope, receive, send) -> None:
-    """GET /healthz from memory; POST /v1/verifications: one durable insert; anything else 404."""
+    """GET /healthz from memory; POST /v1/verifications: one durable insert; GET /v1/verifications: the
+    auditor's page and its durable access-log row; anything else 404."""
     if scope["type"] == "lifespan":
         await _lifespan(receive, send)
         return
     if scope["method"] == "GET" and scope["path"] == "/healthz":
         await _answer(send, 200, b'{"status":"ok"}')
+        return
+    if scope["method"] == "GET" and scope["path"] == "/v1/verifications":
+        await _answer(send, 200, await _audit(scope["query_string"].decode()))
         return
     if scope["method"] != "POST" or scope["path"] != "/v1/verifications":
         await _answer(send, 404, b"{}")
@@ -91,3 +104,20 @@ async def app(scope, receive, send) -> None:
     finally:
         idle.put_nowait(connection)
     await _answer(send, 201 if created else 200, json.dumps({"id": row["id"], "state": "queued"}).encode())
+
+
+async def _audit(query_string: str) -> bytes:
+    """The auditor's page by artifact digest and its access-log row, in one committed transaction."""
+    query = dict(urllib.parse.parse_qsl(query_string))
+    idle = POOL["idle"]
+    connection = await idle.get()
+    try:
+        async with connection.transaction():
+            rows = await (await connection.execute(AUDIT_PAGE, (query.get("artifact_sha256", ""),))).fetchall()
+            await connection.execute(AUDIT_LOG, (json.dumps(query),))
+    finally:
+        idle.put_nowait(connection)
+    names = ("id", "state", "submitted_by", "source_uri", "artifact_uri", "artifact_sha256", "policy_sha256",
+             "verdict", "created_at")
+    items = [dict(zip(names, (*row[:-1], row[-1].isoformat()), strict=True)) for row in rows[:50]]
+    return json.dumps({"items": items, "next_cursor": None}).encode()

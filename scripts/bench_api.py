@@ -170,10 +170,8 @@ def bench_submit(server, requests: int, concurrency: int) -> None:
           "that only writes the same rows, durably; no endpoint that commits before answering can beat it)")
 
 
-def bench_audit(url: str, dsn: str, headers: dict[str, str], verdicts: int, queries: int) -> None:
-    started = time.perf_counter()
-    shas = seed_verdicts(dsn, verdicts)
-    print(f"\nseeded {verdicts:,} verdicts in {time.perf_counter() - started:.1f}s")
+def audit_latencies(url: str, headers: dict[str, str], shas: list[str], queries: int) -> tuple[list, list]:
+    """(query latencies, /healthz latencies), alternating, sequential."""
     rng = random.Random(0)
     query_lat, health_lat = [], []
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
@@ -187,11 +185,21 @@ def bench_audit(url: str, dsn: str, headers: dict[str, str], verdicts: int, quer
             t0 = time.perf_counter()
             client.get("/healthz")
             health_lat.append(time.perf_counter() - t0)
-    q99, h99 = percentile(query_lat, .99), percentile(health_lat, .99)
+    return query_lat, health_lat
+
+
+def bench_audit(server, verdicts: int, queries: int) -> None:
+    started = time.perf_counter()
+    shas = seed_verdicts(server.dsn, verdicts)
+    print(f"\nseeded {verdicts:,} verdicts in {time.perf_counter() - started:.1f}s")
     print(f"auditor query by artifact sha256 over {verdicts:,} verdicts, {queries} sequential queries:")
-    print(f"  query   p50 {statistics.median(query_lat) * 1e3:.1f} ms  p99 {q99 * 1e3:.1f} ms")
-    print(f"  healthz p50 {statistics.median(health_lat) * 1e3:.1f} ms  p99 {h99 * 1e3:.1f} ms"
-          f"  -> query p99 / baseline p99 = {q99 / h99:.1f}x")
+    with floor_server(server.dsn) as (_, floor_url):
+        for label, url, headers in (("convgate", server.url, server.headers), ("floor", floor_url, {})):
+            query_lat, health_lat = audit_latencies(url, headers, shas, queries)
+            q99, h99 = percentile(query_lat, .99), percentile(health_lat, .99)
+            print(f"  {label:<9}query   p50 {statistics.median(query_lat) * 1e3:.1f} ms  p99 {q99 * 1e3:.1f} ms")
+            print(f"  {label:<9}healthz p50 {statistics.median(health_lat) * 1e3:.1f} ms  p99 {h99 * 1e3:.1f} ms"
+                  f"  -> query p99 / baseline p99 = {q99 / h99:.1f}x")
 
 
 def main() -> None:
@@ -203,7 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     with served("admin") as server:
         bench_submit(server, args.requests, args.concurrency)
-        bench_audit(server.url, server.dsn, server.headers, args.verdicts, args.queries)
+        bench_audit(server, args.verdicts, args.queries)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,13 @@ the same process tree:
 - gate 2 vs transformers loading the model and embedding the texts, and llama-cpp-python loading the
   GGUF and embedding them (no comparison).
 
-Every measurement is a fresh process: wall seconds and peak RSS (the kernel's ru_maxrss for that child
-and its reaped children). The growth per billion parameters is a least-squares line through the sizes
-built; the projection to 7B and 70B uses it with the stated assumptions.
+Every measurement is a fresh process: wall seconds, and the peaks of its process tree's resident memory
+(VmRSS, which includes the mapped GGUF and safetensors pages the kernel can drop and re-read) and of its
+anonymous memory (RssAnon: what a pod's memory limit cannot reclaim), both summed over the process and
+its descendants (gate 1's pool) and sampled every 50 ms. (Not ru_maxrss: exec folds the parent's peak
+into a child's, so after this script quantized a 3 GB file every later child would read 2 GiB.) The
+growth per billion parameters is a least-squares line through the sizes built; the projection to 7B
+and 70B uses it with the stated assumptions.
 
 Usage: python scripts/bench_scale.py [--sizes 0.05,0.15,0.6] [--types F16,Q8_0,Q4_K_M] [--workdir DIR]
        python scripts/bench_scale.py --smoke     (one ~5M-parameter model, F16: the suite's check)
@@ -25,8 +29,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -68,15 +75,46 @@ print(time.perf_counter() - t)
 """
 
 
-def child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of one fresh process."""
+def tree_memory(root: psutil.Process) -> tuple[int, int]:
+    """(VmRSS, RssAnon) in KiB summed over `root` and its descendants; a process that ends meanwhile adds 0."""
+    rss = anon = 0
+    try:
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0, 0
+    for process in tree:
+        try:
+            with open(f"/proc/{process.pid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS", "RssAnon")))
+        except OSError:
+            continue
+        rss += int(fields.get("VmRSS", "0 kB").split()[0])
+        anon += int(fields.get("RssAnon", "0 kB").split()[0])
+    return rss, anon
+
+
+def child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
+    """(wall seconds, peak tree RSS MiB, peak tree anonymous MiB, stdout) of one fresh process."""
     started = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    peaks = [0, 0]
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(process.pid)
+        while not done.wait(0.05):
+            rss, anon = tree_memory(root)
+            peaks[0], peaks[1] = max(peaks[0], rss), max(peaks[1], anon)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     out = process.stdout.read() if process.stdout else ""
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status) not in (0, 1):  # 1 is a NO-GO verdict, still measured
+    code = process.wait()
+    done.set()
+    sampler.join()
+    if code not in (0, 1):  # 1 is a NO-GO verdict, still measured
         raise SystemExit(f"benchmark child failed: {' '.join(argv[:4])}")
-    return time.perf_counter() - started, usage.ru_maxrss / 1024, out
+    return time.perf_counter() - started, peaks[0] / 1024, peaks[1] / 1024, out
 
 
 def build_source(size: float, target: Path, template: Path) -> int:
@@ -118,20 +156,22 @@ def artifacts(source: Path, workdir: Path, types: list[str], fixtures: Path) -> 
             for name in types}
 
 
-def verify(source: Path, artifact: Path, gates: str) -> tuple[float, float, dict]:
-    wall, rss, out = child([sys.executable, "-m", "worker", "verify", "--source", str(source), "--artifact",
-                            str(artifact), "--gates", gates, "--texts", str(TEXTS), "--json"])
-    return wall, rss, json.loads(out.rsplit("\n", 2)[0])
+def verify(source: Path, artifact: Path, gates: str) -> tuple[float, float, float, dict]:
+    wall, rss, anon, out = child([sys.executable, "-m", "worker", "verify", "--source", str(source), "--artifact",
+                                  str(artifact), "--gates", gates, "--texts", str(TEXTS), "--json"])
+    return wall, rss, anon, json.JSONDecoder().raw_decode(out)[0]
 
 
 def measure(params: int, source: Path, name: str, artifact: Path) -> dict[str, float | str | int]:
-    g1_wall, g1_rss, g1 = verify(source, artifact, "1")
-    g2_wall, g2_rss, g2 = verify(source, artifact, "2")
+    g1_wall, g1_rss, g1_anon, g1 = verify(source, artifact, "1")
+    g2_wall, g2_rss, g2_anon, g2 = verify(source, artifact, "2")
     deq = child([sys.executable, "-c", DEQUANTIZE, str(artifact)])
     hf = child([sys.executable, "-c", HF_EMBED, str(source), str(TEXTS)])
     ll = child([sys.executable, "-c", LLAMA_EMBED, str(artifact), str(TEXTS)])
     gate1_s, gate2_s = g1["gates"]["storage"]["seconds"], g2["gates"]["runtime"]["seconds"]
     return {"params": params, "type": name, "gate1_s": gate1_s, "gate1_wall_s": g1_wall, "gate1_mib": g1_rss,
+            "gate1_anon_mib": g1_anon, "gate2_anon_mib": g2_anon, "dequantize_anon_mib": deq[2],
+            "hf_embed_anon_mib": hf[2], "llama_embed_anon_mib": ll[2],
             "gate1_weights_per_s": params / gate1_s, "gate1_verdict": g1["verdict"],
             "gate1_processes": int(g1["environment"]["threads"]) if params >= PARALLEL_MIN_WEIGHTS else 1,
             "dequantize_s": deq[0], "dequantize_mib": deq[1], "gate2_s": gate2_s, "gate2_wall_s": g2_wall,
@@ -153,35 +193,38 @@ def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def report(rows: list[dict], pool_efficiency: float) -> None:
-    print(f"{'params':>12}{'type':>8}{'gate1 s':>9}{'MiB':>7}{'w/s':>12}{'deq s':>8}{'MiB':>7}"
-          f"{'gate2 s':>9}{'MiB':>7}{'HF s':>7}{'MiB':>7}{'llama s':>9}{'MiB':>7}  verdicts")
+    print(f"{'params':>14}{'type':>8}{'gate1 s':>9}{'RSS':>7}{'anon':>6}{'w/s':>12}{'deq s':>7}{'anon':>6}"
+          f"{'gate2 s':>9}{'RSS':>7}{'anon':>6}{'HF s':>7}{'anon':>7}{'llama s':>9}{'anon':>6}  verdicts")
     for r in rows:
-        print(f"{r['params']:>12,}{r['type']:>8}{r['gate1_s']:>9.1f}{r['gate1_mib']:>7.0f}"
-              f"{r['gate1_weights_per_s']:>12,.0f}{r['dequantize_s']:>8.1f}{r['dequantize_mib']:>7.0f}"
-              f"{r['gate2_s']:>9.1f}{r['gate2_mib']:>7.0f}{r['hf_embed_s']:>7.1f}{r['hf_embed_mib']:>7.0f}"
-              f"{r['llama_embed_s']:>9.1f}{r['llama_embed_mib']:>7.0f}  {r['gate1_verdict']}/{r['gate2_verdict']}")
+        print(f"{r['params']:>14,}{r['type']:>8}{r['gate1_s']:>9.1f}{r['gate1_mib']:>7.0f}{r['gate1_anon_mib']:>6.0f}"
+              f"{r['gate1_weights_per_s']:>12,.0f}{r['dequantize_s']:>7.1f}{r['dequantize_anon_mib']:>6.0f}"
+              f"{r['gate2_s']:>9.1f}{r['gate2_mib']:>7.0f}{r['gate2_anon_mib']:>6.0f}{r['hf_embed_s']:>7.1f}"
+              f"{r['hf_embed_anon_mib']:>7.0f}{r['llama_embed_s']:>9.1f}{r['llama_embed_anon_mib']:>6.0f}  "
+              f"{r['gate1_verdict']}/{r['gate2_verdict']}")
+    print("(memory in MiB: peak of the process tree's RSS and of its anonymous memory; verdicts: gate 1/gate 2)")
     print("\ngrowth per billion parameters (least squares over the sizes built) and the baseline's")
+    keys = ("gate1_s", "gate1_anon_mib", "dequantize_s", "gate2_s", "gate2_mib", "gate2_anon_mib", "hf_embed_anon_mib")
     for name in sorted({r["type"] for r in rows}):
         typed = [r for r in rows if r["type"] == name]
-        fits = {key: slope([(r["params"] / 1e9, r[key]) for r in typed])
-                for key in ("gate1_s", "gate1_mib", "dequantize_s", "gate2_s", "gate2_mib", "hf_embed_mib")}
-        print(f"  {name:<7} gate 1 {fits['gate1_s'][0]:.0f} s/B, {fits['gate1_mib'][0]:.0f} MiB/B "
+        fits = {key: slope([(r["params"] / 1e9, r[key]) for r in typed]) for key in keys}
+        print(f"  {name:<7} gate 1 {fits['gate1_s'][0]:.0f} s/B, anonymous {fits['gate1_anon_mib'][0]:.0f} MiB/B "
               f"(dequantize baseline {fits['dequantize_s'][0]:.0f} s/B); gate 2 {fits['gate2_s'][0]:.0f} s/B, "
-              f"{fits['gate2_mib'][0]:.0f} MiB/B (transformers alone {fits['hf_embed_mib'][0]:.0f} MiB/B)")
+              f"anonymous {fits['gate2_anon_mib'][0]:.0f} MiB/B, RSS {fits['gate2_mib'][0]:.0f} MiB/B "
+              f"(transformers alone: anonymous {fits['hf_embed_anon_mib'][0]:.0f} MiB/B)")
         largest = typed[-1]  # its throughput: startup costs amortised; measured with its gate-1 pool
         rate = largest["gate1_weights_per_s"] / (1 + (largest["gate1_processes"] - 1) * pool_efficiency)
         for billions in (7, 70):
             one_core = billions * 1e9 / rate
             spread = ", ".join(f"{cores} cores {one_core / (1 + (cores - 1) * pool_efficiency) / 60:.1f} min"
                                for cores in (2, 8, 32))
-            print(f"          {billions}B: gate 1 ~{one_core / 60:.1f} min on one core; {spread}; "
-                  f"peak RSS gate 1 ~{(fits['gate1_mib'][0] * billions + fits['gate1_mib'][1]) / 1024:.1f} GiB, "
-                  f"gate 2 ~{(fits['gate2_mib'][0] * billions + fits['gate2_mib'][1]) / 1024:.1f} GiB")
+            gib = {key: (fits[key][0] * billions + fits[key][1]) / 1024 for key in keys}
+            print(f"          {billions}B: gate 1 ~{one_core / 60:.1f} min on one core; {spread}; anonymous "
+                  f"memory gate 1 ~{gib['gate1_anon_mib']:.1f} GiB, gate 2 ~{gib['gate2_anon_mib']:.1f} GiB "
+                  f"(transformers alone ~{gib['hf_embed_anon_mib']:.1f} GiB)")
     print(f"(gate seconds are the reports' own, without interpreter start; the time projection divides the "
           f"parameters by the largest model's gate-1 weights/s and assumes each extra core or pod adds "
           f"{pool_efficiency:.2f} of one core's speed (--pool-efficiency, from bench_gate1.py's pool speed-up); "
-          "peak RSS is ru_maxrss, which counts the GGUF's and the source's mapped pages as well as anonymous "
-          "memory, and the memory projection is the fitted line)")
+          "the memory projection is the fitted line of anonymous memory, which file-backed pages do not add to)")
 
 
 def main() -> None:
