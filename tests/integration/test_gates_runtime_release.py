@@ -75,6 +75,23 @@ def test_llama_cpp_add_bos_false_also_drops_the_automatic_eos(minilm):
     assert 101 not in without and 102 not in without
 
 
+def test_the_candidate_reads_its_weights_from_the_map_without_a_repacked_copy(minilm):
+    """llama.cpp's CPU backend copies Q4_0/Q4_K/IQ4_NL weights into repacked anonymous buffers unless
+    `use_extra_bufts` is off: a second, unreclaimable copy of a 4-bit model (measured at 1.7B Q4_K_M:
+    +650 MiB of anonymous memory), which would break gate 2's memory bound on a 70B file."""
+    from worker.runtime.llama_candidate import LlamaCandidate
+
+    candidate = LlamaCandidate(minilm / "minilm-Q4_0.gguf", embedding=True, n_ctx=64)
+    try:
+        assert candidate.llm.model_params.use_extra_bufts is False
+        assert candidate.embed("hello").shape == (384,)
+    finally:
+        candidate.close()
+    import llama_cpp
+
+    assert llama_cpp.llama_model_default_params().use_extra_bufts is True  # the library's default, restored
+
+
 @pytest.mark.coverage(arch="qwen3", types=("F32", "F16", "Q8_0"), imatrix=False, proves="GO", gates="1,2,3")
 @pytest.mark.parametrize("gguf_type", ["F32", "F16", "Q8_0"])
 def test_qwen3_embedding_fixture_is_go(qwen3, gguf_type):

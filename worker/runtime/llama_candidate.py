@@ -7,6 +7,8 @@ translated to `CandidateLoadError` here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,30 @@ class CandidateLoadError(ConvgateError):
 LLAMA_POOLING_RANK = 4  # enum llama_pooling_type: a classification head's score per sequence
 
 
+@contextmanager
+def _weights_from_the_map() -> Iterator[None]:
+    """llama.cpp's CPU backend copies Q4_0/Q4_K/IQ4_NL weights into repacked anonymous buffers unless
+    `use_extra_bufts` is off: a second copy of most of a 4-bit model that a pod cannot reclaim (+650 MiB
+    at 1.7B Q4_K_M; ~35 GiB for a 70B). Off, every weight is read from the GGUF's map, so gate 2 stays
+    within its bound. llama-cpp-python's `Llama()` takes no argument for it, so the params factory it
+    calls is wrapped while the model loads, and restored."""
+    import llama_cpp.llama as wrapper
+
+    library = wrapper.llama_cpp
+    default = library.llama_model_default_params
+
+    def params() -> Any:
+        chosen = default()
+        chosen.use_extra_bufts = False
+        return chosen
+
+    library.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        library.llama_model_default_params = default
+
+
 class LlamaCandidate:
     def __init__(self, path: Path, *, embedding: bool, n_ctx: int, rank: bool = False) -> None:
         try:
@@ -32,10 +58,12 @@ class LlamaCandidate:
         pooling: dict[str, Any] = {"pooling_type": LLAMA_POOLING_RANK} if rank else {}
         threads = cpu_budget()  # llama-cpp-python's default is the host's CPU count, not the pod's limit
         try:
-            self.llm: Any = Llama(
-                str(path), embedding=embedding or rank, logits_all=not (embedding or rank), n_ctx=n_ctx,
-                n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, n_threads=threads, n_threads_batch=threads, **pooling,
-            )
+            with _weights_from_the_map():
+                self.llm: Any = Llama(
+                    str(path), embedding=embedding or rank, logits_all=not (embedding or rank), n_ctx=n_ctx,
+                    n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, n_threads=threads, n_threads_batch=threads,
+                    **pooling,
+                )
         except (ValueError, RuntimeError) as exc:
             raise CandidateLoadError(f"llama.cpp cannot load {path.name}: {exc}") from exc
 
