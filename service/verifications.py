@@ -86,14 +86,15 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
         "policy", "fresh", "callback_url", *unset}))  # fresh: how to answer, not what was asked
     if body.callback_url is not None:
         request["callback_url"] = redact(body.callback_url)  # the full URL is its column, never shown
+    policy_sha256 = policy.sha256()  # once: its canonical dump is a visible share of a submission's CPU
     request_sha256 = hashlib.sha256(json.dumps(
-        {"request": public_request(request), "policy": policy.sha256()}, sort_keys=True).encode()).hexdigest()
+        {"request": public_request(request), "policy": policy_sha256}, sort_keys=True).encode()).hexdigest()
     if (shards := gate1_shards(settings, body)) > 1:
         request["shards"] = shards  # a deployment choice, not part of what was asked: outside the identity
     verification = reuse.insert_or_reuse(
         session, settings, fresh=body.fresh, **callback,
         submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256, request=request,
-        policy=policy.model_dump(mode="json"), policy_sha256=policy.sha256(), max_attempts=settings.max_attempts,
+        policy=policy.model_dump(mode="json"), policy_sha256=policy_sha256, max_attempts=settings.max_attempts,
         policy_origin=policy_origin)
     if verification is not None:
         return verification, True
