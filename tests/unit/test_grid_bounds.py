@@ -259,3 +259,32 @@ def test_another_tensor_under_the_bound_alone_is_a_value_mismatch(tmp_path, type
     row, blockers = _check(tmp_path, x, type_name, stored, Policy(reproduce_quantized=False))
     assert [b.code for b in blockers] == ["tensor.value_mismatch"]
     assert row.bound_violations is not None and row.bound_violations > 0
+
+
+@pytest.mark.parametrize("type_name", GRID_TYPES)
+def test_the_magnitude_cap_allows_its_rounding_slack_and_nothing_more(monkeypatch, type_name):
+    """|w_hat| up to K*max|x| times (1 + RELATIVE_SLACK) is within the bound (fp16 d and float32 fit
+    arithmetic); a value clearly past it is not. Signs agree, so only the cap decides."""
+    from worker.quant import grid_bounds as module
+
+    factor = GRID_RULES[type_name][0]
+    x = np.full((1, module.SUPER_BLOCK), 0.5)
+    x[0, 0] = 1.0
+    for scale, broken in ((1 + module.RELATIVE_SLACK / 2, False), (1 + 4 * module.RELATIVE_SLACK, True)):
+        w_hat = x.copy()
+        w_hat[0, 1] = factor * scale
+        monkeypatch.setattr(module.reference, "dequantize", lambda raw, ggml_type, w=w_hat: w)
+        (bound,) = module.grid_bounds(np.zeros(1, np.uint8), GGML_TYPES_BY_NAME[type_name], [x])
+        assert bool(bound[0, 1] == 0.0) is broken, (type_name, scale)
+        assert (bound[0, 2:] > 0).all()
+
+
+def test_a_zero_source_value_never_disagrees_in_sign():
+    """The rule's stated choice: x = 0 (or -0.0 from fp16 rounding) agrees with either sign of w_hat."""
+    from worker.quant.grid_bounds import _wrong_signs
+
+    x = np.array([[0.0, -0.0, 0.1, -0.1, 0.2, 0.2, 0.2, 0.2]])
+    w_hat = np.array([[-0.1, 0.1, 0.1, -0.1, 0.2, 0.2, 0.2, 0.2]])
+    assert not _wrong_signs(x, w_hat, 0).any()
+    w_hat[0, 2] = -0.1  # a real disagreement is still one
+    assert _wrong_signs(x, w_hat, 0)[0, 2]
