@@ -340,3 +340,17 @@ def test_a_callback_failure_or_a_missing_context_stops_the_trace(tiny_llama, mon
 
 def _refuse(_pointer: int, tensor: layer_trace._Tensor) -> np.ndarray:
     raise TraceError(f"refused {tensor.name.decode()}")
+
+
+def test_an_error_that_grows_through_every_layer_is_not_blamed_on_the_head():
+    """Seen on an honest random-weight 1.7B Q8_0 (28 layers): no layer past the tolerance, the last one
+    near it, the output below gate 2's floor. The rounding of every layer adds up; the old message sent
+    the reader to the output norm, pooling and head."""
+    from worker.gates.layer_divergence import _suffix
+
+    growing = {"tolerance": 0.084, "first_divergent_layer": None, "layers": [0.004, 0.02, 0.045, 0.061]}
+    why = _suffix(growing)
+    assert "grows through the layers to 0.061 at the last" in why and "head" not in why
+    flat = {"tolerance": 0.041, "first_divergent_layer": None, "layers": [0.001, 0.002]}
+    assert _suffix(flat).endswith("so the models part after the last layer (output norm, pooling, head) or "
+                                  "before the first (token ids)")

@@ -229,12 +229,16 @@ def failing_input(found: Sequence[Blocker], details: dict[str, Any], texts: Sequ
 def _suffix(divergence: dict[str, Any]) -> str:
     if "error" in divergence:
         return f"; layer trace unavailable: {divergence['error']}"
-    layer = divergence["first_divergent_layer"]
+    layer, tolerance = divergence["first_divergent_layer"], divergence["tolerance"]
+    if layer is None and divergence["layers"] and divergence["layers"][-1] > tolerance / 2:
+        # past 1.5x the worst honest per-layer error without any layer crossing 3x: the rounding of every
+        # layer adding up (a deep model's honest quant, or a defect spread over all layers), not one part
+        return (f"; no layer diverges beyond {tolerance:g} on the traced text, but the error grows through the "
+                f"layers to {divergence['layers'][-1]:.3g} at the last: every layer's small difference adds up")
     if layer is None:
-        return (f"; every layer agrees within {divergence['tolerance']:g} on the traced text, so the models part "
+        return (f"; every layer agrees within {tolerance:g} on the traced text, so the models part "
                 "after the last layer (output norm, pooling, head) or before the first (token ids)")
-    return f"; first diverges at layer {layer} (relative error {divergence['layers'][layer]:.3g} > " \
-           f"{divergence['tolerance']:g})"
+    return f"; first diverges at layer {layer} (relative error {divergence['layers'][layer]:.3g} > {tolerance:g})"
 
 
 def locate_divergence(found: list[Blocker], details: dict[str, Any], *, texts: Sequence[Text], model: Any,
