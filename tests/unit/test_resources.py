@@ -63,3 +63,16 @@ def test_the_setting_overrides_the_quota(tmp_path):
 def test_a_bad_setting_is_refused(tmp_path, bad):
     with pytest.raises(ThreadSettingError, match="CONVGATE_THREADS"):
         cpu_budget({"CONVGATE_THREADS": bad}, tmp_path, "0::/\n")
+
+
+@pytest.mark.parametrize("line", ["0 100000", "-1 100000", "100000 0", "100000 -5"])
+def test_v2_a_zero_or_negative_quota_or_period_is_no_limit(tmp_path, line):
+    """Not a division by zero and not a negative CPU count: the kernel never writes these, a broken
+    mount or a test harness might."""
+    _write(tmp_path / "cpu.max", line + "\n")
+    assert cgroup_cpu_limit(tmp_path, "0::/\n") is None
+
+
+def test_v2_a_quota_below_one_microsecond_per_period_is_still_a_limit(tmp_path):
+    _write(tmp_path / "cpu.max", "1 100000\n")
+    assert cgroup_cpu_limit(tmp_path, "0::/\n") == pytest.approx(1e-5)

@@ -64,3 +64,26 @@ def test_detection_probability():
 def test_only_k_quants_are_sampled_and_only_below_one():
     assert sampled("Q4_K", 0.25) and not sampled("Q4_K", 1.0)
     assert not sampled("Q8_0", 0.25) and not sampled("IQ4_XS", 0.25)
+
+
+def test_anyone_can_redraw_the_sample_from_the_documented_recipe():
+    """The report promises an auditor can redraw which blocks were read: numpy's default generator seeded
+    with [the first 128 bits of the artifact's sha256, crc32 of the tensor's name], one float32 uniform
+    per super-block, kept below the fraction. Written out here as that recipe, not as the code's call."""
+    import zlib
+
+    for name, fraction in (("blk.0.attn_q.weight", 0.1), ("output.weight", 0.5)):
+        generator = np.random.default_rng([int(SEED[:32], 16), zlib.crc32(name.encode())])
+        expected = generator.random(4096, dtype=np.float32) < np.float32(fraction)
+        assert np.array_equal(block_sample(SEED, name, 4096, fraction), expected)
+    assert int(SEED[:33], 16) != int(SEED[:32], 16)  # the redraw depends on exactly 32 hex digits
+
+
+def test_the_report_names_the_fraction_seed_types_and_probabilities():
+    from worker.quant.sampling import sampling_details
+
+    details = sampling_details(0.25, SEED, 3, 12)
+    assert details == {"fraction": 0.25, "seed": SEED, "types": ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"],
+                       "super_blocks_reproduced": 3, "super_blocks_total": 12,
+                       "detection_probability": {"1": 0.25, "10": round(1 - 0.75**10, 6),
+                                                 "100": round(1 - 0.75**100, 6)}}
