@@ -21,6 +21,8 @@ import json
 import os
 import urllib.parse
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -60,6 +62,18 @@ async def _lifespan(receive, send) -> None:
     await send({"type": "lifespan.shutdown.complete"})
 
 
+@asynccontextmanager
+async def _transaction() -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """An idle connection inside a transaction committed on exit, given back to the pool afterwards."""
+    idle = POOL["idle"]
+    connection = await idle.get()
+    try:
+        async with connection.transaction():
+            yield connection
+    finally:
+        idle.put_nowait(connection)
+
+
 async def _body(receive) -> bytes:
     chunks, more = [], True
     while more:
@@ -96,27 +110,17 @@ async def app(scope, receive, send) -> None:
     row = {"id": str(uuid.uuid4()), "key": key or None, "request_sha256": hashlib.sha256(raw).hexdigest(),
            "source_uri": request["source_uri"], "artifact_uri": request["artifact_uri"],
            "artifact_sha256": request["artifact_sha256"], "request": raw.decode()}
-    idle = POOL["idle"]
-    connection = await idle.get()
-    try:
-        async with connection.transaction():
-            created = await (await connection.execute(SUBMIT, row)).fetchone()
-    finally:
-        idle.put_nowait(connection)
+    async with _transaction() as connection:
+        created = await (await connection.execute(SUBMIT, row)).fetchone()
     await _answer(send, 201 if created else 200, json.dumps({"id": row["id"], "state": "queued"}).encode())
 
 
 async def _audit(query_string: str) -> bytes:
     """The auditor's page by artifact digest and its access-log row, in one committed transaction."""
     query = dict(urllib.parse.parse_qsl(query_string))
-    idle = POOL["idle"]
-    connection = await idle.get()
-    try:
-        async with connection.transaction():
-            rows = await (await connection.execute(AUDIT_PAGE, (query.get("artifact_sha256", ""),))).fetchall()
-            await connection.execute(AUDIT_LOG, (json.dumps(query),))
-    finally:
-        idle.put_nowait(connection)
+    async with _transaction() as connection:
+        rows = await (await connection.execute(AUDIT_PAGE, (query.get("artifact_sha256", ""),))).fetchall()
+        await connection.execute(AUDIT_LOG, (json.dumps(query),))
     names = ("id", "state", "submitted_by", "source_uri", "artifact_uri", "artifact_sha256", "policy_sha256",
              "verdict", "created_at")
     items = [dict(zip(names, (*row[:-1], row[-1].isoformat()), strict=True)) for row in rows[:50]]

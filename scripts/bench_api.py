@@ -28,7 +28,7 @@ from contextlib import contextmanager
 
 import httpx
 import psycopg
-from throwaway_server import free_port, served
+from throwaway_server import free_port, served, wait_ready
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -139,14 +139,7 @@ def floor_server(dsn: str) -> Iterator[tuple[int, str]]:
         env=dict(os.environ, CONVGATE_FLOOR_DSN=dsn))
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("the floor app did not start")
+        wait_ready(url, "/healthz")  # the floor has no /readyz
         yield process.pid, url
     finally:
         process.terminate()

@@ -59,7 +59,7 @@ def served(role: str) -> Iterator[Served]:
             server = subprocess.Popen([convgate, "serve", "--port", str(port), "--no-migrate"], env=env,
                                       stdout=log, stderr=subprocess.STDOUT)
             url = f"http://127.0.0.1:{port}"
-            _wait_ready(url)
+            wait_ready(url)
             yield Served(dsn, url, token, server.pid)
         except BaseException:
             log.seek(0)
@@ -72,10 +72,11 @@ def served(role: str) -> Iterator[Served]:
             drop_database(name)
 
 
-def _wait_ready(url: str) -> None:
+def wait_ready(url: str, path: str = "/readyz") -> None:
+    """Poll `path` until it answers 200, for up to 30 s."""
     for _ in range(300):
         try:
-            if httpx.get(f"{url}/readyz").status_code == 200:
+            if httpx.get(f"{url}{path}").status_code == 200:
                 return
         except httpx.HTTPError:
             pass
