@@ -186,6 +186,15 @@ def ensure_chromium() -> None:
         _apt_install("chromium")
 
 
+def ensure_container_tools() -> None:
+    """The images are built with buildah on a debootstrap base, saved with skopeo and run under runc."""
+    import shutil
+
+    missing = [tool for tool in ("buildah", "skopeo", "runc", "debootstrap") if not shutil.which(tool)]
+    if missing:
+        _apt_install(*missing)
+
+
 def test(pytest_args: list[str]) -> int:
     """Lint and type-check, build every fixture, run the whole suite."""
     _check(VENV / "bin" / "ruff", "check", "worker", "service", "tests", "scripts", "migrations", "dev.py")
@@ -194,6 +203,9 @@ def test(pytest_args: list[str]) -> int:
     ensure_chromium()
     build_fixtures()
     _check(PYTHON, ROOT / "scripts" / "build_kube.py")  # cached by version; cold ~15 min on 2 cores
+    ensure_container_tools()
+    _check(PYTHON, ROOT / "scripts" / "build_images.py", "--llama-wheels", llama_wheel().parent,
+           "--torch-index", "https://pypi.org/simple")  # the api and worker images, cached by content
     env = dict(os.environ, CONVGATE_FIXTURES=str(FIXTURES), CONVGATE_TEST_PG=pg_admin,
                CONVGATE_STRICT_SKIPS="1")
     return _run(PYTHON, "-m", "pytest", *pytest_args, env=env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,23 @@ app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(attestation_app, name="attestation")
 stderr = Console(stderr=True)
+# Where a container's writers point (the images and the Job manifest set them under the pod's scratch volume).
+SCRATCH_DIRS_ENV = ("TMPDIR", "HOME", "XDG_CACHE_HOME", "HF_HOME", "TORCH_HOME", "TRITON_CACHE_DIR",
+                    "NUMBA_CACHE_DIR", "MPLCONFIGDIR", "CONVGATE_CACHE", "CONVGATE_CACHE_DIR")
+
+
+@app.callback()
+def _create_scratch_dirs() -> None:
+    """A pod's scratch volume starts empty while TMPDIR, HOME and the library caches point into it: create
+    those directories before any command runs, or on a read-only root filesystem `tempfile` finds no usable
+    directory and llama.cpp's runner cannot start."""
+    for name in SCRATCH_DIRS_ENV:
+        value = os.environ.get(name)
+        if value:
+            with contextlib.suppress(OSError):
+                Path(value).mkdir(parents=True, exist_ok=True)
+
+
 UrlOpt = Annotated[str | None, typer.Option(help="server URL (or CONVGATE_URL)")]
 TokenOpt = Annotated[str | None, typer.Option(help="bearer token (or CONVGATE_TOKEN)")]
 
