@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Build (or reuse) the binaries of the real control plane used by tests/cluster.
 
-Four binaries come from Go modules through the wrapper modules under kube/:
+These binaries come from Go modules through the wrapper modules under kube/:
 
-  kube/controlplane  ->  kube-apiserver, kube-controller-manager   (k8s.io/kubernetes)
+  kube/controlplane  ->  kube-apiserver, kube-controller-manager,  (k8s.io/kubernetes)
+                         and for the real node kubelet, kube-scheduler, kube-proxy, kubectl
   kube/etcd          ->  etcd                                      (go.etcd.io/etcd/server/v3)
   kube/kueue         ->  kueue                                     (sigs.k8s.io/kueue/cmd/kueue)
+
+then scripts/build_node.py builds the rest of the node (containerd, its runc shim, ctr, the CNI
+plugins, the pause and busybox images; runc from Debian) into its own cache dir.
 
 They are cached outside the repository, keyed by the module versions:
 
@@ -21,7 +25,7 @@ The last line printed on stdout is the bin directory. Progress and timings go to
 
     python3 scripts/build_kube.py            # build what is missing, print the bin dir
     python3 scripts/build_kube.py --print    # only print the bin dir (no build)
-    python3 scripts/build_kube.py --check    # exit 1 unless every binary is present
+    python3 scripts/build_kube.py --check    # exit 1 unless every binary is present (the node's too)
     python3 scripts/build_kube.py --sync-staging   # after bumping k8s.io/kubernetes in
                                                    # kube/controlplane/go.mod: rewrite the replaces
 """
@@ -44,7 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "kube"
 
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kueue")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kueue")
+NODE = ("kubelet", "kube-scheduler", "kube-proxy", "kubectl")  # same k8s.io/kubernetes as the apiserver
+BINARIES = CONTROL_PLANE + NODE
 
 
 def log(msg: str) -> None:
@@ -170,6 +176,7 @@ def targets(env: dict[str, str], v: dict[str, str]) -> dict[str, tuple[Path, str
         "kube-apiserver": (KUBE / "controlplane", "k8s.io/kubernetes/cmd/kube-apiserver", k8s_x),
         "kube-controller-manager": (KUBE / "controlplane", "k8s.io/kubernetes/cmd/kube-controller-manager", k8s_x),
         "kueue": (KUBE / "kueue", "sigs.k8s.io/kueue/cmd/kueue", kueue_x),
+        **{name: (KUBE / "controlplane", f"k8s.io/kubernetes/cmd/{name}", k8s_x) for name in NODE},
     }
 
 
@@ -186,11 +193,13 @@ def stamp_for(module_dir: Path, pkg: str, xflags: list[str], gover: str) -> dict
     return {"package": pkg, "go": gover, "modules": h.hexdigest(), "x": xflags, "flags": "-trimpath -s -w"}
 
 
-def build_one(env: dict[str, str], bindir: Path, name: str, module_dir: Path, pkg: str, xflags: list[str]) -> float:
+def build_one(env: dict[str, str], bindir: Path, name: str, module_dir: Path, pkg: str, xflags: list[str],
+              tags: tuple[str, ...] = ()) -> float:
     ldflags = " ".join(["-s", "-w", *(f"-X '{x}'" for x in xflags)])
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=bindir)
     os.close(fd)
-    cmd = ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", tmp, pkg]
+    tag_args = ["-tags", ",".join(tags)] if tags else []
+    cmd = ["go", "build", "-trimpath", *tag_args, "-ldflags", ldflags, "-o", tmp, pkg]
     log(f"building {name}: (cd {module_dir.relative_to(ROOT)} && {' '.join(cmd[:2])} ... {pkg})")
     t0 = time.monotonic()
     try:
@@ -220,6 +229,25 @@ def copy_kueue_config(env: dict[str, str], v: dict[str, str], dest: Path) -> Non
     log(f"kueue config copied to {dest}")
 
 
+def check(kdir: Path) -> int:
+    """0 (and the bin dir printed) when every binary, Kueue's config and the node's pieces are there."""
+    bindir = kdir / "bin"
+    missing = [b for b in BINARIES if not (bindir / b).exists()] + (
+        [] if (kdir / "kueue-config" / ".complete").exists() else ["kueue-config"]
+    )
+    if missing:
+        log(f"missing in {kdir}: {', '.join(missing)}")
+        return 1
+    import build_node
+
+    node_missing = build_node.complete(build_node.node_dir())
+    if node_missing:
+        log(f"missing for the node in {build_node.node_dir()}: {', '.join(node_missing)}")
+        return 1
+    print(bindir)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--print", action="store_true", help="print the bin dir and exit")
@@ -237,15 +265,7 @@ def main() -> int:
         print(bindir)
         return 0
     if args.check:
-        missing = [b for b in BINARIES if not (bindir / b).exists()] + (
-            [] if (kdir / "kueue-config" / ".complete").exists() else ["kueue-config"]
-        )
-        if missing:
-            log(f"missing in {kdir}: {', '.join(missing)}")
-            return 1
-        print(bindir)
-        return 0
-
+        return check(kdir)
     env = go_env()
     check_or_sync_staging(env, v["kubernetes"], args.sync_staging)
     if args.sync_staging:
@@ -275,6 +295,10 @@ def main() -> int:
         size = (bindir / name).stat().st_size / 2**20
         log(f"{name}: built in {secs:.1f}s ({size:.0f} MiB)")
     copy_kueue_config(env, v, kdir / "kueue-config")
+    if not args.only:  # containerd, its shim, ctr, the CNI plugins, the pause and busybox images
+        import build_node
+
+        build_node.build(args.force)
     if timings:
         with (kdir / "build-times.jsonl").open("a") as f:
             at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
