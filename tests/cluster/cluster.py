@@ -1,8 +1,10 @@
-"""A real control plane on loopback: etcd, kube-apiserver, kube-controller-manager and Kueue.
+"""A real control plane: etcd, kube-apiserver, kube-controller-manager and Kueue.
 
 The binaries come from scripts/build_kube.py (built from Go modules, cached by version). Every
 process runs in its own process group with its output in `<workdir>/logs/<name>.log`, listens on
-127.0.0.1 on free ports, and gets an environment without HTTP(S)_PROXY. `Cluster.stop()` kills
+127.0.0.1 on free ports (the API server on every address, advertising this machine's primary one,
+so that pods on the real node of tests/cluster/node.py reach it through the `kubernetes` Service),
+and gets an environment without HTTP(S)_PROXY. `Cluster.stop()` kills
 the groups and removes the work dir (kept when CONVGATE_KEEP_CLUSTER=1).
 
     with Cluster.start() as c:
@@ -49,6 +51,9 @@ CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
     "deployment-controller",
     "replicaset-controller",
+    # for the real node (tests/cluster/node.py): Services' endpoints for kube-proxy, PVs bound to claims
+    "endpointslice-controller",
+    "persistentvolume-binder-controller",
 )
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kueue")
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
@@ -93,6 +98,27 @@ def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["NO_PROXY"] = env["no_proxy"] = no_proxy
     env.update(extra or {})
     return env
+
+
+def node_ip() -> str:
+    """This machine's primary IPv4 address (the source address of its default route; no packet is
+    sent), else the first global address `ip` lists; CONVGATE_NODE_IP overrides. The API server
+    advertises it and the real node registers it: pods cannot reach this machine's loopback."""
+    if os.environ.get("CONVGATE_NODE_IP"):
+        return os.environ["CONVGATE_NODE_IP"]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.255", 9))  # TEST-NET-1: only the route lookup happens
+        addr = s.getsockname()[0]
+        if addr and not addr.startswith("127."):
+            return addr
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+        out = subprocess.run(["ip", "-j", "-4", "addr", "show", "scope", "global"], capture_output=True,
+                             text=True, check=True).stdout
+        for link in json.loads(out):
+            for a in link.get("addr_info", []):
+                if a.get("local") and not a["local"].startswith("10.244."):
+                    return a["local"]
+    return "127.0.0.1"  # no real node possible; the control plane alone still works
 
 
 def find_binaries() -> Path:
@@ -153,6 +179,7 @@ class Cluster(KueueControl):
     kueue_webhook_port: int
     kueue_visibility_port: int
     kueue_health_port: int
+    node_ip: str = "127.0.0.1"
     procs: dict[str, Proc] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     kueue_frameworks: list[str] = field(default_factory=lambda: ["batch/job"])
@@ -166,8 +193,9 @@ class Cluster(KueueControl):
         bindir = bindir or find_binaries()
         workdir = workdir or Path(tempfile.mkdtemp(prefix="convgate-cluster-"))
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        ip = node_ip()
         c = cls(
-            workdir=workdir, bindir=bindir, pki=Pki.create(workdir / "pki"),
+            workdir=workdir, bindir=bindir, pki=Pki.create(workdir / "pki", node_ips=(ip,)), node_ip=ip,
             etcd_port=free_port(), api_port=free_port(), kcm_port=free_port(),
             kueue_webhook_port=free_port(), kueue_visibility_port=free_port(), kueue_health_port=free_port(),
         )
@@ -311,14 +339,24 @@ class Cluster(KueueControl):
         self._spawn("kube-apiserver", [
             str(self.bindir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            # all addresses: pods reach it on the node address through the `kubernetes` Service
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={self.node_ip}",
+            # the `kubernetes` Service's endpoints cannot be a loopback address (a machine without one)
+            *(["--endpoint-reconciler-type=none"] if self.node_ip.startswith("127.") else []),
             f"--secure-port={self.api_port}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={p.serving[0]}",
             f"--tls-private-key-file={p.serving[1]}",
             f"--client-ca-file={p.ca.cert_path}",
-            "--authorization-mode=RBAC",
+            # Node: the kubelet's own credentials (system:node:<name>), as in a real cluster
+            "--authorization-mode=Node,RBAC",
+            # PodTolerationRestriction: a namespace's default tolerations send its pods to the real node
+            "--enable-admission-plugins=NodeRestriction,PodTolerationRestriction",
+            f"--kubelet-client-certificate={p.kubelet_client[0]}",
+            f"--kubelet-client-key={p.kubelet_client[1]}",
+            f"--kubelet-certificate-authority={p.ca.cert_path}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--service-account-issuer={ISSUER}",
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",
@@ -333,8 +371,6 @@ class Cluster(KueueControl):
             "--requestheader-username-headers=X-Remote-User",
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            # the `kubernetes` Service's endpoints cannot be a loopback address
-            "--endpoint-reconciler-type=none",
             "--profiling=false",
             # what ServiceAccounts do, so tests can compare the permissions used with a Role
             f"--audit-policy-file={self._write_audit_policy()}",

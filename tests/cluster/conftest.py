@@ -1,10 +1,11 @@
 """Fixtures for tests against a real control plane (see tests/cluster/cluster.py).
 
-`cluster` starts etcd, kube-apiserver, kube-controller-manager and Kueue once per session;
-`pod_runner` plays the kubelet for it. Both are torn down at the end of the session. The binaries
-must have been built by `python3 scripts/build_kube.py` (cached by version outside the repo);
-without them the tests are skipped, which `python3 dev.py test` (CONVGATE_STRICT_SKIPS=1) turns
-into failures.
+`cluster` starts etcd, kube-apiserver, kube-controller-manager and Kueue once per session; `node`
+adds a real node (containerd, runc, CNI, kubelet, kube-scheduler, kube-proxy: tests/cluster/node.py);
+`pod_runner` plays the kubelet for the scenarios that need an injected fault. All are torn down at
+the end of the session. The binaries must have been built by `python3 scripts/build_kube.py`
+(cached by version outside the repo); without them the tests are skipped, which
+`python3 dev.py test` (CONVGATE_STRICT_SKIPS=1) turns into failures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from .cluster import Cluster, find_binaries
+from .node import KubeNode, check_node_binaries, find_node_dir
 from .pod_runner import PodRunner
 
 NODE_LABELS = {"convgate.io/node-pool": "cpu"}  # manifests/kueue/resource-flavor.yaml's nodeLabels
@@ -37,6 +39,22 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def node(cluster: Cluster) -> Iterator[KubeNode]:
+    """The real node, Ready, with the pause and busybox images loaded (`node.busybox`)."""
+    try:
+        check_node_binaries(cluster.bindir)
+        nodedir = find_node_dir()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    n = KubeNode.start(cluster, nodedir)
+    print(f"\nnode started in {n.timings['total']:.1f}s: {n.describe()}", file=sys.stderr)
+    try:
+        yield n
+    finally:
+        n.stop()
 
 
 @pytest.fixture(scope="session")

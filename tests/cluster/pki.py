@@ -5,6 +5,8 @@
 - `front-proxy-ca`: the aggregation layer's `--requestheader-client-ca-file`; the API server
   presents `front-proxy-client` (signed by it) when it proxies to Kueue's visibility server.
 - `sa.key` / `sa.pub`: the service-account token signing key pair.
+- `apiserver-kubelet-client`: what the API server presents to the kubelet (logs, exec, port-forward);
+  the kubelet's serving certificate is issued by `ca` too (tests/cluster/node.py).
 """
 
 from __future__ import annotations
@@ -127,9 +129,11 @@ class Pki:
     front_proxy_client: tuple[Path, Path]
     sa_key: Path
     sa_pub: Path
+    kubelet_client: tuple[Path, Path]
 
     @classmethod
-    def create(cls, directory: Path) -> Pki:
+    def create(cls, directory: Path, node_ips: tuple[str, ...] = ()) -> Pki:
+        """`node_ips`: more addresses the API server is reached at (the node's, for pods)."""
         directory.mkdir(parents=True, exist_ok=True)
         ca = CA.create(directory, "ca")
         fp = CA.create(directory, "front-proxy-ca")
@@ -137,11 +141,13 @@ class Pki:
             directory, "apiserver", "kube-apiserver",
             dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                  "kubernetes.default.svc.cluster.local"),
-            ips=("127.0.0.1", "10.0.0.1"),
+            ips=("127.0.0.1", "10.0.0.1", *node_ips),
             server=True,
         )
         admin = ca.issue(directory, "admin", "admin", orgs=("system:masters",), client=True)
         fpc = fp.issue(directory, "front-proxy-client", "front-proxy-client", client=True)
+        kubelet_client = ca.issue(directory, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                  orgs=("system:masters",), client=True)
         sa = _key()
         sa_key, sa_pub = directory / "sa.key", directory / "sa.pub"
         sa_key.write_bytes(_key_pem(sa))
@@ -149,4 +155,4 @@ class Pki:
         sa_pub.write_bytes(
             sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
-        return cls(directory, ca, fp, serving, admin, fpc, sa_key, sa_pub)
+        return cls(directory, ca, fp, serving, admin, fpc, sa_key, sa_pub, kubelet_client)

@@ -1,7 +1,12 @@
 """The pod runner's node and scheduler half: one registered Node (`Ready`, with the labels it is
 given) and the binding of every unbound pod that fits it (nodeSelector / required node affinity, no
 scheduling gates, default scheduler) through the `pods/binding` subresource, as kube-scheduler would;
-plus the pod-status writes both halves use."""
+plus the pod-status writes both halves use.
+
+When the real node (node.py) runs in the same session, the two share the cluster: this Node is
+tainted `convgate.io/test-node=pod-runner:NoSchedule`, so the real kube-scheduler never places a pod
+here, and pods that tolerate the real node's taint (those of `KubeNode.namespace()` namespaces) are
+left to kube-scheduler."""
 
 from __future__ import annotations
 
@@ -11,6 +16,15 @@ from typing import Any
 
 from .api import Api, ApiError
 from .pod_env import PodDict, now
+
+TAINT_KEY = "convgate.io/test-node"  # node.py's taint key; the real node's value is "kubelet"
+TAINT = {"key": TAINT_KEY, "value": "pod-runner", "effect": "NoSchedule"}
+
+
+def for_real_node(pod: PodDict) -> bool:
+    """The pod tolerates the real node's taint: kube-scheduler and the kubelet take it."""
+    return any(t.get("key") == TAINT_KEY and t.get("value") == "kubelet"
+               for t in pod["spec"].get("tolerations") or [])
 
 
 def merge_condition(status: dict[str, Any], typ: str, value: str, reason: str | None = None,
@@ -71,14 +85,14 @@ class Node:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": self.node_name, "labels": self.node_labels},
-            "spec": {},
+            "spec": {"taints": [TAINT]},
         }
         existing = self.api.get(f"/api/v1/nodes/{self.node_name}", ok404=True)
         if existing is None:
             existing = self.api.post("/api/v1/nodes", node)
         else:
             existing = self.api.merge_patch(f"/api/v1/nodes/{self.node_name}",
-                                            {"metadata": {"labels": self.node_labels}})
+                                            {"metadata": {"labels": self.node_labels}, "spec": {"taints": [TAINT]}})
         at = now()
         existing["status"] = {
             "capacity": self.capacity,
@@ -129,6 +143,8 @@ class Node:
     def maybe_bind(self, pod: PodDict) -> None:
         md, spec = pod["metadata"], pod["spec"]
         if spec.get("schedulerName", "default-scheduler") != "default-scheduler" or spec.get("schedulingGates"):
+            return
+        if for_real_node(pod):
             return
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             return
