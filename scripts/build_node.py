@@ -5,6 +5,8 @@ with the control plane, from the same k8s.io/kubernetes):
   kube/containerd  ->  containerd, containerd-shim-runc-v2, ctr   (github.com/containerd/containerd/v2)
   kube/cni         ->  bridge, host-local, loopback               (github.com/containernetworking/plugins)
   kube/pause       ->  pause (the pod sandbox's process; our own few lines of Go)
+  kube/kube-router ->  kube-router (only its network policy controller runs: NetworkPolicy enforced
+                       with iptables and ipset)                   (github.com/cloudnativelabs/kube-router/v2)
 
 and two images, written as OCI archives without any registry or image builder:
 
@@ -12,12 +14,14 @@ and two images, written as OCI archives without any registry or image builder:
   busybox.tar  localhost/convgate/busybox:...  Debian's static busybox and its applets, for smoke tests
   kubectl.tar  localhost/convgate/kubectl:...  the same plus build_kube.py's kubectl (an in-cluster client)
 
-runc, iptables and conntrack come from Debian (installed with apt-get when missing, as root), and so
-does the static busybox the image is made of.
+runc, iptables, ipset and conntrack come from Debian (installed with apt-get when missing, as root), and
+so does the static busybox the image is made of.
 
 Everything is cached outside the repository, keyed by the module versions:
 
   ${CONVGATE_KUBE_CACHE:-~/.cache/convgate/kube}/node-<containerd>-<cni>/{bin,cni,images}/
+
+(the node dir's name keeps the two main versions; kube-router's is in its stamp and versions.json).
 
 Binaries carry a stamp (go.sum digest, Go version, flags, tags) like build_kube.py's; an image
 archive is rebuilt when its inputs' digest changes. The last line on stdout is the node directory.
@@ -46,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from build_kube import (
     KUBE,
+    build_date,
     build_one,
     cache_root,
     commit_of,
@@ -60,12 +65,13 @@ from build_kube import versions as kube_versions
 
 CONTAINERD = "github.com/containerd/containerd/v2"
 CNI = "github.com/containernetworking/plugins"
+KUBE_ROUTER = "github.com/cloudnativelabs/kube-router/v2"
 # containerd's own release build tags; btrfs needs cgo and is left out, devmapper and zfs are unused
 CONTAINERD_TAGS = ("urfave_cli_no_docs", "no_btrfs", "no_devmapper", "no_zfs")
 SHIM_TAGS = ("urfave_cli_no_docs", "no_grpc")
 CNI_PLUGINS = {"bridge": "main/bridge", "host-local": "ipam/host-local", "loopback": "main/loopback"}
-BIN = ("containerd", "containerd-shim-runc-v2", "ctr", "pause")
-DEBIAN = {"runc": "runc", "iptables": "iptables", "conntrack": "conntrack"}  # command -> package
+BIN = ("containerd", "containerd-shim-runc-v2", "ctr", "pause", "kube-router")
+DEBIAN = {"runc": "runc", "iptables": "iptables", "ipset": "ipset", "conntrack": "conntrack"}  # command -> package
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
 PAUSE_REF = "localhost/convgate/pause:1"
 IMAGE_FORMAT = "2"  # bump when the archive layout below changes
@@ -79,6 +85,7 @@ def versions() -> dict[str, str]:
     return {
         "containerd": required_version(KUBE / "containerd", CONTAINERD),
         "cni": required_version(KUBE / "cni", CNI),
+        "kube-router": required_version(KUBE / "kube-router", KUBE_ROUTER),
     }
 
 
@@ -123,12 +130,16 @@ def targets(env: dict[str, str], v: dict[str, str]) -> dict[str, tuple[Path, str
     cd_x = [f"{CONTAINERD}/version.Version={v['containerd']}", f"{CONTAINERD}/version.Revision={commit_of(cd)}",
             f"{CONTAINERD}/version.Package={CONTAINERD}"]
     cni_x = [f"{CNI}/pkg/utils/buildversion.BuildVersion={v['cni']}"]
+    kr = module_info(env, KUBE / "kube-router", f"{KUBE_ROUTER}@{v['kube-router']}")
     out: dict[str, tuple[Path, str, list[str], tuple[str, ...], str]] = {
         "containerd": (KUBE / "containerd", f"{CONTAINERD}/cmd/containerd", cd_x, CONTAINERD_TAGS, "bin"),
         "containerd-shim-runc-v2": (KUBE / "containerd", f"{CONTAINERD}/cmd/containerd-shim-runc-v2", cd_x,
                                     SHIM_TAGS, "bin"),
         "ctr": (KUBE / "containerd", f"{CONTAINERD}/cmd/ctr", cd_x, CONTAINERD_TAGS, "bin"),
         "pause": (KUBE / "pause", "convgate.local/kube/pause", [], (), "bin"),
+        "kube-router": (KUBE / "kube-router", f"{KUBE_ROUTER}/cmd/kube-router",
+                        [f"{KUBE_ROUTER}/pkg/version.Version={v['kube-router']}",
+                         f"{KUBE_ROUTER}/pkg/version.BuildDate={build_date(kr)}"], (), "bin"),
     }
     for name, sub in CNI_PLUGINS.items():
         out[name] = (KUBE / "cni", f"{CNI}/plugins/{sub}", cni_x, (), "cni")

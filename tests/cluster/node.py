@@ -1,6 +1,7 @@
 """A real Kubernetes node on this machine for the test cluster: containerd (with its CRI plugin and
 the runc v2 shim, Debian's runc underneath), CNI bridge + host-local + loopback, the kubelet,
-kube-scheduler and kube-proxy (iptables mode), all from the versions scripts/build_kube.py and
+kube-scheduler, kube-proxy (iptables mode) and kube-router's network policy controller (NetworkPolicy
+enforced with iptables and ipset), all from the versions scripts/build_kube.py and
 scripts/build_node.py build and cache.
 
     node = KubeNode.start(cluster)          # one per machine at a time (a file lock serializes sessions)
@@ -34,6 +35,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -65,6 +67,17 @@ TAINT = {"key": TAINT_KEY, "value": "kubelet", "effect": "NoSchedule"}
 TOLERATION = {"key": TAINT_KEY, "operator": "Equal", "value": "kubelet", "effect": "NoSchedule"}
 NODE_LABELS = {"convgate.io/node-pool": "cpu"}  # manifests/kueue/resource-flavor.yaml's nodeLabels
 NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-proxy", "kubectl")
+KUBE_ROUTER_USER = "convgate:kube-router"
+# what kube-router's network policy controller reads (its own ClusterRole, bound to its certificate)
+KUBE_ROUTER_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+]
+# kube-router's network policy state: filter-table chains and ipsets with these prefixes
+KUBE_ROUTER_CHAINS = ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-")
+KUBE_ROUTER_IPSETS = ("KUBE-SRC-", "KUBE-DST-", "inet6:KUBE-SRC-", "inet6:KUBE-DST-")
 LOCK = Path(tempfile.gettempdir()) / "convgate-node.lock"
 CGROUP_FS = Path("/sys/fs/cgroup")
 
@@ -82,12 +95,12 @@ def find_node_dir() -> Path:
                              check=True, capture_output=True, text=True).stdout
         ndir = Path(out.strip().splitlines()[-1])
     index = ndir / "images" / "images.json"
-    missing = [b for b in ("containerd", "containerd-shim-runc-v2", "ctr", "pause") if not (ndir / "bin" / b).exists()]
+    missing = [b for b in ("containerd", "containerd-shim-runc-v2", "ctr", "pause", "kube-router")
+               if not (ndir / "bin" / b).exists()]
     missing += [p for p in ("bridge", "host-local", "loopback") if not (ndir / "cni" / p).exists()]
     if not index.exists():
         missing.append("images")
-    if not shutil.which("runc"):
-        missing.append("runc (Debian package)")
+    missing += [f"{tool} (Debian package)" for tool in ("runc", "iptables", "ipset") if not shutil.which(tool)]
     if missing:
         raise FileNotFoundError(f"node binaries missing in {ndir} ({', '.join(missing)}); "
                                 "run: python3 scripts/build_kube.py")
@@ -114,6 +127,28 @@ def _cgroup_hierarchies() -> list[Path]:
 def _quiet(*argv: str) -> int:
     """Run a clean-up command whose failure only means there was nothing to clean; its exit code."""
     return subprocess.run(argv, check=False, capture_output=True, timeout=60, env=process_env()).returncode
+
+
+def _clean_kube_router() -> None:
+    """Remove kube-router's network policy chains (and the jumps to them) and its ipsets."""
+    for tool in ("iptables", "ip6tables"):
+        saved = subprocess.run([f"{tool}-save", "-t", "filter"], check=False, capture_output=True, text=True).stdout
+        chains = [line[1:].split()[0] for line in saved.splitlines()
+                  if line.startswith(":") and line[1:].startswith(KUBE_ROUTER_CHAINS)]
+        for line in saved.splitlines():  # jumps from the built-in chains
+            parts = shlex.split(line)
+            if line.startswith("-A ") and parts[1] in ("INPUT", "FORWARD", "OUTPUT") and "-j" in parts and \
+                    parts[parts.index("-j") + 1].startswith(KUBE_ROUTER_CHAINS):
+                _quiet(tool, "-w", "-D", *parts[1:])
+        for chain in chains:
+            _quiet(tool, "-w", "-F", chain)
+        for chain in chains:
+            _quiet(tool, "-w", "-X", chain)
+    if shutil.which("ipset"):
+        names = subprocess.run(["ipset", "list", "-n"], check=False, capture_output=True, text=True).stdout.split()
+        for name in names:
+            if name.startswith(KUBE_ROUTER_IPSETS):
+                _quiet("ipset", "destroy", name)
 
 
 def _mounts_under(prefix: Path) -> list[str]:
@@ -166,6 +201,7 @@ class KubeNode:
             node._start_proxy()
             node._start_kubelet()
             node._wait_ready()
+            node._start_kube_router()
         except BaseException:
             logs = {n: p.tail() for n, p in node.procs.items()}
             node.stop()
@@ -251,8 +287,9 @@ class KubeNode:
                                         ips=(self.ip, "127.0.0.1"), server=True)
         scheduler = ca.issue(certs, "kube-scheduler", "system:kube-scheduler", client=True)
         proxy = ca.issue(certs, "kube-proxy", "system:kube-proxy", client=True)
+        router = ca.issue(certs, "kube-router", KUBE_ROUTER_USER, client=True)
         for name, (crt, key) in (("kubelet", self.kubelet_client), ("kube-scheduler", scheduler),
-                                 ("kube-proxy", proxy)):
+                                 ("kube-proxy", proxy), ("kube-router", router)):
             self._kubeconfig(w / f"{name}.kubeconfig", crt, key)
         (w / "cni" / "net.d" / "10-convgate.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "convgate",
@@ -422,6 +459,30 @@ class KubeNode:
 
         self._wait("kube-scheduler", "/healthz", scheduler_healthy, 60)
 
+    def _start_kube_router(self) -> None:
+        """kube-router with only its network policy controller (no routing, no service proxy, no CNI)."""
+        api = self.api
+        api.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": KUBE_ROUTER_USER}, "rules": KUBE_ROUTER_RULES})
+        api.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": KUBE_ROUTER_USER},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": KUBE_ROUTER_USER},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": KUBE_ROUTER_USER}]})
+        health = free_port()
+        self._spawn("kube-router", [
+            str(self.nodedir / "bin" / "kube-router"), f"--kubeconfig={self.workdir / 'kube-router.kubeconfig'}",
+            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
+            "--enable-cni=false", "--enable-pod-egress=false", "--enable-ipv6=false",
+            f"--hostname-override={self.name}", "--service-cluster-ip-range=10.0.0.0/24",
+            f"--health-port={health}", "--iptables-sync-period=1m", "--v=1"])
+
+        def healthy() -> bool:
+            r = httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=2, trust_env=False)
+            return r.status_code == 200
+
+        self._wait("kube-router", "/healthz", healthy, 60)
+
     def _untaint_not_ready(self) -> None:
         """Drop `node.kubernetes.io/not-ready` (put on a new Node by the TaintNodesByCondition admission)
         once the kubelet reports Ready: the node lifecycle controller's job, which this control plane
@@ -560,7 +621,7 @@ class KubeNode:
         if scheduler:
             scheduler.stop()
         self._delete_pods(timeout=30)
-        for name in ("kubelet", "kube-proxy"):
+        for name in ("kubelet", "kube-proxy", "kube-router"):
             proc = self.procs.pop(name, None)
             if proc:
                 proc.stop()
@@ -596,6 +657,7 @@ class KubeNode:
                     pass
             _quiet(tool, "-w", "-F", "KUBE-FIREWALL")
             _quiet(tool, "-w", "-X", "KUBE-FIREWALL")
+        _clean_kube_router()
         for mountpoint in sorted(_mounts_under(self.workdir), key=len, reverse=True):
             _quiet("umount", "-l", mountpoint)
         _quiet("ip", "link", "delete", BRIDGE)

@@ -2,7 +2,7 @@
 by the real Kueue runs there, the kernel OOM-kills a container over its memory limit and the kubelet
 reports it, the service-account token is mounted only when asked for, a pod reaches the API server
 through the `kubernetes` Service (kube-proxy), a pod's port is reached through a Service and through
-`kubectl port-forward`, and NetworkPolicy (see `test_network_policy_*`).
+`kubectl port-forward`, and kube-router enforces NetworkPolicy.
 
 Every test here runs on tests/cluster/node.py's node, none on the pod runner.
 """
@@ -216,3 +216,34 @@ def test_a_pods_port_through_a_service_and_port_forward(node: KubeNode, ns: Any)
             pf.terminate()
             pf.communicate(timeout=10)
     print(f"Service + port-forward: {time.monotonic() - t0:.1f}s")
+
+
+def test_network_policy_is_enforced_by_kube_router(node: KubeNode, ns: Any) -> None:
+    """kube-router's network policy controller (built from its Go module, v2.1.0) enforces NetworkPolicy
+    on the node with iptables and ipset: once `web` admits only pods labelled role=allowed, another pod
+    is refused and an allowed one gets through."""
+    t0 = time.monotonic()
+    api = node.api
+    name = ns("smoke-netpol")
+    serve = "mkdir -p /tmp/www && echo served > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
+    api.create(pod("web", node.busybox, serve, ports=(8080,), labels={"app": "web"}), name)
+    web_ip = wait_phase(api, name, "web", "Running")["status"]["podIP"]
+    fetch = f"wget -q -O - http://{web_ip}:8080/"
+    api.create(pod("before", node.busybox, f"for i in $(seq 10); do {fetch} && exit 0; sleep 1; done; exit 1"), name)
+    assert wait_phase(api, name, "before", "Succeeded", "Failed")["status"]["phase"] == "Succeeded"
+    api.create({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "web"},
+                "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                         "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "allowed"}}}],
+                                      "ports": [{"port": 8080}]}]}}, name)
+    time.sleep(2)  # kube-router applies a policy on its watch event, within a second here
+    # denied: three tries over a few seconds, every one refused (kube-router REJECTs)
+    api.create(pod("denied", node.busybox, f"for i in 1 2 3; do {fetch} && echo through; sleep 2; done; true"), name)
+    # allowed: its address joins the policy's ipset once kube-router sees the pod: retry until then
+    api.create(pod("allowed", node.busybox, f"for i in $(seq 20); do {fetch} && exit 0; sleep 1; done; exit 1",
+                   labels={"role": "allowed"}), name)
+    for p in ("denied", "allowed"):
+        assert wait_phase(api, name, p, "Succeeded", "Failed")["status"]["phase"] == "Succeeded", pod_log(api, name, p)
+    denied = pod_log(api, name, "denied")
+    assert "through" not in denied and denied.count("Connection refused") == 3, denied
+    assert "served" in pod_log(api, name, "allowed")
+    print(f"NetworkPolicy (kube-router): {time.monotonic() - t0:.1f}s")
