@@ -383,10 +383,16 @@ def build_image(buildah: Buildah, target: str, base: str, torch_index: str, llam
                        size_bytes=archive_layers_bytes(archive), build_seconds=round(time.monotonic() - started, 1),
                        cached=False)
     record.write_text(json.dumps(asdict(built), indent=1))
-    for stale in archives.glob(f"{target}-*.tar"):  # one archive per target: the store keeps the layers
+    # One image and one archive per target: older keys go (their shared layers stay while the new image
+    # or buildah's layer cache uses them), or every source change would leave hundreds of MB behind.
+    for stale in archives.glob(f"{target}-*.tar"):
         if stale != archive:
             stale.unlink()
             stale.with_suffix(".json").unlink(missing_ok=True)
+    for other in buildah.run("images", "--noheading", "--format", "{{.Name}}:{{.Tag}}",
+                             "--filter", f"reference=localhost/convgate-{target}").splitlines():
+        if other != name:
+            subprocess.run(buildah.argv("rmi", other), env=buildah.env(), capture_output=True, check=False)
     log(f"{target} {name}: built in {built.build_seconds:.0f} s, {built.size_bytes / 2**20:.0f} MiB")
     return built
 

@@ -26,7 +26,7 @@ from scripts import build_images
 from service.config import Settings
 from service.dispatch.kube.job_manifest import build_job
 from tests.conftest import REPO, fixtures_root
-from tests.deploy.containers import Image, Mount, SecurityContext, chart_values, container, quantity_bytes
+from tests.deploy.containers import Image, Mount, Run, SecurityContext, chart_values, container, quantity_bytes
 
 API_IMAGE_BUDGET = 300 * 10**6  # issue 21: keep the API image under 300 MB
 
@@ -90,31 +90,47 @@ def test_the_worker_pod_gets_the_charts_security_context() -> None:
     assert pod["automountServiceAccountToken"] is False
 
 
-def test_worker_image_verifies_a_real_conversion_under_runc(built: Built, tmp_path: Path) -> None:
-    """`convgate verify` in the worker image, as the Job's pod runs: its securityContext, env, memory and CPU
-    limits and scratch volume; the fixture files mounted read-only. All three gates run and end GO."""
+def _verify_in_worker_pod(built: Built, tmp_path: Path, gates: str) -> tuple[Run, Path]:
+    """`convgate verify` in the worker image, as the Job's pod runs it: its securityContext, env, memory and
+    CPU limits and scratch volume (an empty, world-writable folder, as an emptyDir is); the fixture files
+    mounted read-only; no network (the container has its own, empty, network namespace)."""
     pod, worker = _worker_pod()
     security = SecurityContext.resolve(pod["securityContext"], worker["securityContext"])
     env = {item["name"]: item["value"] for item in worker["env"] if "value" in item}
     scratch = _empty_dir(tmp_path, "scratch")
     (mount,) = worker["volumeMounts"]
-    minilm = _minilm()
     limits = worker["resources"]["limits"]
-    with container(built.image("worker"), ["convgate", "verify", "--source", "/models/minilm/source",
-                                      "--artifact", "/models/minilm/minilm-Q8_0.gguf",
-                                      "--texts", "/texts/english.txt", "--report", "/scratch/report.json"],
-                   security=security, bundle_dir=tmp_path / "bundle", env=env,
-                   mounts=[Mount(scratch, mount["mountPath"], read_only=False), Mount(minilm, "/models/minilm"),
+    command = ["convgate", "verify", "--source", "/models/minilm/source",
+               "--artifact", "/models/minilm/minilm-Q8_0.gguf", "--texts", "/texts/english.txt",
+               "--report", "/scratch/report.json", "--gates", gates]
+    with container(built.image("worker"), command, security=security, bundle_dir=tmp_path / "bundle", env=env,
+                   mounts=[Mount(scratch, mount["mountPath"], read_only=False), Mount(_minilm(), "/models/minilm"),
                            Mount(REPO / "examples", "/texts")],
                    memory_limit=quantity_bytes(limits["memory"]), cpu_limit=float(limits["cpu"])) as worker_run:
         result = worker_run.run(timeout=1200)
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
     assert result.stdout.strip().splitlines()[-1] == "GO"
+    assert (scratch / "report.json").stat().st_uid == security.uid
+    return result, scratch
+
+
+def test_worker_image_runs_gate_1_under_runc(built: Built, tmp_path: Path) -> None:
+    """The image starts and its engine reads a real conversion: gate 1 (structure, inventory, every tensor's
+    values reproduced) on llama.cpp's Q8_0 conversion of all-MiniLM-L6-v2 ends GO."""
+    _, scratch = _verify_in_worker_pod(built, tmp_path, "1")
+    report = json.loads((scratch / "report.json").read_text())
+    assert report["verdict"] == "GO" and report["blockers"] == []
+    assert {gate["name"]: gate["status"] for gate in report["gates"].values()}["storage"] == "passed"
+
+
+def test_worker_image_runs_all_three_gates_under_runc(built: Built, tmp_path: Path) -> None:
+    """All three gates inside the container: the Hugging Face reference on torch, llama.cpp through
+    llama-cpp-python, the released file re-measured; GO, with every gate passed."""
+    _, scratch = _verify_in_worker_pod(built, tmp_path, "1,2,3")
     report = json.loads((scratch / "report.json").read_text())
     assert report["verdict"] == "GO" and report["blockers"] == []
     assert {gate["name"]: gate["status"] for gate in report["gates"].values()} == {
         "storage": "passed", "runtime": "passed", "release": "passed"}
-    assert (scratch / "report.json").stat().st_uid == security.uid
 
 
 PROBE = """
