@@ -16,9 +16,10 @@ Everything is cached outside the repository, under $CONVGATE_IMAGES_CACHE
                             and what was measured while building it
 
 Keys are content digests: the base's key covers its recipe (suite, mirror, packages, trimming, the host's
-extra CA certificates); an image's key covers the Dockerfile, .dockerignore, pyproject.toml, README.md,
-every file of worker/, service/, edge/, migrations/ and alembic.ini, the base's key and the build
-arguments. A warm run whose archive and image are both present builds nothing. When something changed,
+extra CA certificates); an image's key covers what the Dockerfile copies (IMAGE_INPUTS: the Dockerfile,
+.dockerignore, pyproject.toml, README.md, alembic.ini, scripts/image_requirements.py and every file of
+worker/, service/, edge/ and migrations/), the base's key and the build arguments that target reads.
+A warm run whose archive and image are both present builds nothing. When something changed,
 `buildah bud --layers` still reuses every layer before the first changed input, so a source change does
 not reinstall torch.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -349,6 +351,7 @@ class BuiltImage:
 
 
 def build_image(buildah: Buildah, target: str, base: str, torch_index: str, llama_wheels: Path | None) -> BuiltImage:
+    """One target, reused when its key's image and archive exist, else built with buildah and saved."""
     if target != "worker":  # only the worker reads them: the api's key must not change with them
         torch_index, llama_wheels = "", None
     args = {"BASE": base, **({"TORCH_INDEX": torch_index} if torch_index else {})}
@@ -415,9 +418,12 @@ def build(targets: Sequence[str] = TARGETS, llama_wheels: Path | None = None,
         if not shutil.which(tool):
             raise SystemExit(f"build_images: {tool} is missing (python3 dev.py test installs it with apt)")
     buildah = store()
-    base = build_base(buildah)
     index = torch_index or os.environ.get("CONVGATE_TORCH_INDEX") or DEFAULT_TORCH_INDEX
-    return {target: build_image(buildah, target, base, index, llama_wheels) for target in targets}
+    # dev.py, the tests' fixture and the node harness may all ask at once: one builder at a time
+    with (buildah.cache / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = build_base(buildah)
+        return {target: build_image(buildah, target, base, index, llama_wheels) for target in targets}
 
 
 def main() -> int:
