@@ -29,6 +29,9 @@ from tests.conftest import REPO, fixtures_root
 from tests.deploy.containers import Image, Mount, Run, SecurityContext, chart_values, container, quantity_bytes
 
 API_IMAGE_BUDGET = 300 * 10**6  # issue 21: keep the API image under 300 MB
+# The first test to need an image may build it (the worker: ~16 minutes on 2 cores when its dependency
+# layers are not cached); `python3 dev.py test` builds both before pytest, so this is the rare case.
+pytestmark = pytest.mark.timeout(3600)
 
 
 class Built:
