@@ -41,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -122,6 +123,25 @@ def _cgroup_hierarchies() -> list[Path]:
         if len(parts) > 2 and parts[2] == "cgroup" and parts[1].startswith(str(CGROUP_FS) + "/"):
             roots.append(Path(parts[1]))
     return roots
+
+
+def archive_refs(archive: Path) -> dict[str, str]:
+    """Image name -> manifest digest, from an OCI archive's index.json (names from containerd's or the
+    OCI ref annotation, when the latter is a full reference); {} when it names none."""
+    with tarfile.open(archive) as tar:
+        try:
+            member = tar.getmember("index.json")
+        except KeyError:
+            return {}
+        handle = tar.extractfile(member)
+        index = json.loads(handle.read()) if handle else {}
+    refs = {}
+    for m in index.get("manifests", []):
+        notes = m.get("annotations") or {}
+        name = notes.get("io.containerd.image.name") or notes.get("org.opencontainers.image.ref.name", "")
+        if "/" in name and ":" in name.rsplit("/", 1)[-1]:
+            refs[name] = m["digest"]
+    return refs
 
 
 def _quiet(*argv: str) -> int:
@@ -230,6 +250,13 @@ class KubeNode:
         return self.images["kubectl"]["ref"]
 
     @property
+    def containerd_root(self) -> Path:
+        """containerd's root (content store, snapshots, metadata) persists beside the node's binaries, so a
+        multi-GB image imported once is there for the next session (imports are skipped by digest).
+        Only one node runs at a time (the lock); containers are removed at every stop."""
+        return self.nodedir.parent / "node-state" / "containerd-root"
+
+    @property
     def containerd_sock(self) -> Path:
         return self.workdir / "containerd" / "containerd.sock"
 
@@ -275,7 +302,8 @@ class KubeNode:
     # --- files -------------------------------------------------------------------------------
     def _write_files(self) -> None:
         w = self.workdir
-        for d in ("logs", "containerd/root", "containerd/state", "cni/net.d", "cni/ipam", "kubelet",
+        self.containerd_root.mkdir(parents=True, exist_ok=True)
+        for d in ("logs", "containerd/state", "cni/net.d", "cni/ipam", "kubelet",
                   "pod-logs", "volume-plugins", "opt", "tmp"):
             (w / d).mkdir(parents=True, exist_ok=True)
         ca = self.cluster.pki.ca
@@ -302,7 +330,7 @@ class KubeNode:
         }, indent=2))
         pause = self._image_entry("pause")["ref"]
         (w / "containerd" / "config.toml").write_text(containerd_config(
-            root=w / "containerd" / "root", state=w / "containerd" / "state", sock=self.containerd_sock,
+            root=self.containerd_root, state=w / "containerd" / "state", sock=self.containerd_sock,
             cni_bin=self.nodedir / "cni", cni_conf=w / "cni" / "net.d", pause=pause, opt=w / "opt",
             runc=Path(shutil.which("runc") or "/usr/sbin/runc")))
 
@@ -506,18 +534,36 @@ class KubeNode:
     # --- what the tests use ------------------------------------------------------------------
     def load_image(self, archive: Path) -> list[str]:
         """Import an OCI (or docker) archive into containerd's `k8s.io` namespace, unpacked for the
-        overlayfs snapshotter; returns the image references it brought. Pods then use the reference
-        with `imagePullPolicy: Never` (or IfNotPresent): nothing is ever pulled."""
+        overlayfs snapshotter, unless containerd already has every image it names at the same digest
+        (its root persists between sessions); older tags of the same repositories are removed so their
+        layers can be collected. Returns the image references. Pods use them with
+        `imagePullPolicy: Never` (or IfNotPresent): nothing is ever pulled."""
         key = str(archive.resolve())
         if key in self.loaded:
             return self.loaded[key]
         t0 = time.monotonic()
-        before = set(self.image_refs())
-        out = self.ctr("images", "import", "--snapshotter", "overlayfs", "--platform", "linux/amd64", str(archive))
-        refs = sorted(set(self.image_refs()) - before) or re.findall(r"^unpacking (\S+) ", out.stdout, re.M)
-        self.loaded[key] = refs
-        self.timings[f"import {archive.name}"] = time.monotonic() - t0
-        return refs
+        wanted = archive_refs(archive)
+        have = self.image_digests()
+        if not wanted or any(have.get(ref) != digest for ref, digest in wanted.items()):
+            before = set(have)
+            self.ctr("images", "import", "--snapshotter", "overlayfs", "--platform", "linux/amd64", str(archive))
+            have = self.image_digests()
+            wanted = wanted or {ref: have[ref] for ref in set(have) - before}
+            self.timings[f"import {archive.name}"] = time.monotonic() - t0
+        else:
+            self.timings[f"import {archive.name} (present)"] = time.monotonic() - t0
+        repos = {ref.rsplit(":", 1)[0] for ref in wanted}
+        stale = [ref for ref in have if ref.rsplit(":", 1)[0] in repos and ref not in wanted]
+        if stale:
+            self.ctr("images", "rm", *stale, check=False)
+        self.loaded[key] = sorted(wanted)
+        return self.loaded[key]
+
+    def image_digests(self) -> dict[str, str]:
+        """Image name -> manifest (or index) digest in containerd's k8s.io namespace."""
+        out = self.ctr("images", "ls").stdout.splitlines()[1:]
+        return {parts[0]: parts[2] for parts in (line.split() for line in out)
+                if len(parts) > 2 and not parts[0].startswith("sha256:")}
 
     def image_refs(self) -> list[str]:
         """Image names in containerd's k8s.io namespace (not the `sha256:` ids the CRI plugin adds)."""
@@ -613,6 +659,29 @@ class KubeNode:
                     break
                 time.sleep(0.5)
 
+    def _tasks_left(self) -> bool:
+        out = self.ctr("tasks", "ls", check=False, timeout=10)
+        return out.returncode == 0 and len(out.stdout.strip().splitlines()) > 1
+
+    def _remove_containers(self) -> None:
+        """Kill every task left, then remove the containers and sandboxes: containerd's root outlives
+        the session, and a container kept there would come back as a dead pod in the next one."""
+        for line in self.ctr("tasks", "ls", check=False, timeout=10).stdout.splitlines()[1:]:
+            self.ctr("tasks", "kill", "--signal", "SIGKILL", line.split()[0], check=False, timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self._tasks_left():
+            time.sleep(0.2)
+        for line in self.ctr("tasks", "ls", check=False, timeout=10).stdout.splitlines()[1:]:
+            self.ctr("tasks", "delete", "--force", line.split()[0], check=False, timeout=10)
+        containers = [line.split()[0] for line in self.ctr("containers", "ls", "-q", check=False).stdout.splitlines()
+                      if line.strip()]
+        if containers:
+            self.ctr("containers", "rm", *containers, check=False, timeout=60)
+        sandboxes = [line.split()[0] for line in self.ctr("sandboxes", "ls", "-q", check=False).stdout.splitlines()
+                     if line.strip()]
+        if sandboxes:
+            self.ctr("sandboxes", "rm", "--force", *sandboxes, check=False, timeout=60)
+
     def stop(self) -> None:
         for relay in self._relays:
             relay.stop()
@@ -625,11 +694,8 @@ class KubeNode:
             proc = self.procs.pop(name, None)
             if proc:
                 proc.stop()
-        if "containerd" in self.procs:  # tasks the kubelet did not stop
-            out = self.ctr("tasks", "ls", check=False, timeout=10)
-            for line in out.stdout.splitlines()[1:]:
-                cid = line.split()[0]
-                self.ctr("tasks", "kill", "--signal", "SIGKILL", cid, check=False, timeout=10)
+        if "containerd" in self.procs:
+            self._remove_containers()
             proc = self.procs.pop("containerd")
             proc.stop()
         for pid in self._own_shims():
@@ -658,7 +724,8 @@ class KubeNode:
             _quiet(tool, "-w", "-F", "KUBE-FIREWALL")
             _quiet(tool, "-w", "-X", "KUBE-FIREWALL")
         _clean_kube_router()
-        for mountpoint in sorted(_mounts_under(self.workdir), key=len, reverse=True):
+        for mountpoint in sorted(_mounts_under(self.workdir) + _mounts_under(self.containerd_root), key=len,
+                                 reverse=True):
             _quiet("umount", "-l", mountpoint)
         _quiet("ip", "link", "delete", BRIDGE)
         for root in _cgroup_hierarchies():
