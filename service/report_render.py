@@ -29,6 +29,13 @@ def _results(report: dict[str, Any]) -> list[str]:
     if logits:
         lines.append(f"- logits: NMSE {logits['nmse']:.3g}, KL mean {logits['kl_mean']:.3g}, "
                      f"top-1 agreement {logits['top1_agreement']:.1%}")
+    quality = report["gates"].get("runtime", {}).get("details", {}).get("quality")
+    overall = (quality or {}).get("slices", {}).get("overall") or {}
+    if "kl_mean" in overall:
+        lines.append(f"- quantization cost against the source: KL mean {overall['kl_mean']:.3g}, same top token "
+                     f"{overall['same_top']:.1%}, perplexity ratio {overall.get('ppl_ratio', float('nan')):.4f}")
+    if "min_cosine" in overall:
+        lines.append(f"- quantization cost against the source: min cosine {overall['min_cosine']:.4f}")
     return lines
 
 
@@ -52,7 +59,7 @@ def model_card(report: dict[str, Any], origin: str | None = None) -> list[str]:
     lines += [f"| {f['uri']} | `{f['sha256']}` | {f['size']} |" for f in report["files"]]
     runtime = report["gates"].get("runtime", {}).get("details", {})
     applied = runtime.get("thresholds") or {}
-    precision = f" (gate 2 for precision class {runtime['precision_class']}: " + ", ".join(
+    precision = f" (gate 2 correctness for compute {'/'.join(runtime.get('compute_classes', []))}: " + ", ".join(
         f"{k}={v:g}" for k, v in applied.items()) + ")" if applied else ""
     lines += ["", "Thresholds: " + ", ".join(f"{k}={values[k]}" for k in POLICY_KEYS if k in values) + precision, "",
               "Results:", "", *(_results(report) or ["- (no gate results)"]), "", "Not verified:", ""]

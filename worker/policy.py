@@ -1,32 +1,38 @@
 """The one policy object: every threshold a verdict depends on, fixed before measuring.
 
 A policy is frozen, versioned and hashed; the hash goes into every report so an auditor can tell
-exactly which thresholds a verdict was held to. Gate 2's thresholds are keyed by the artifact's
-precision class: an F16 file is held to F16's honest distance, not to what a 4-bit file may drift.
-The default numbers, the measurements behind them and their margins live in `worker/thresholds.py`.
+exactly which thresholds a verdict was held to. Gate 2 asks two questions with two kinds of rule:
+correctness (llama.cpp against transformers on the artifact's own weights), held to the compute path's
+own noise per compute class (`worker/thresholds.py`); and quality (llama.cpp against the source's
+weights), held to a budget per precision class and, where the policy names one, per slice of the text
+set (`worker/quality_budgets.py`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker.errors import UsageError
+from worker.quality_budgets import DEFAULT_QUALITY_BUDGETS, QualityBudget
+from worker.quant.compute import COMPUTE_CLASSES, ComputeClass
 from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
 from worker.rerank_thresholds import DEFAULT_RERANK_THRESHOLDS, RerankThresholds
-from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS, RuntimeThresholds
+from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS, RuntimeThresholds, thresholds_for
 
 
 class Policy(BaseModel):
-    """Verification thresholds. Defaults: token ids exact, every top-1 equal, gate 2 per precision class."""
+    """Verification thresholds. Defaults: token ids exact, every top-1 equal, gate 2 correctness per compute
+    class, quality budgets per precision class."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    version: str = "2026.11-4"
+    version: str = "2026.12-1"
     # gate 1
     reproduce_quantized: bool = Field(
         True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
@@ -58,21 +64,37 @@ class Policy(BaseModel):
     contradiction_low_cosine: float = Field(0.9, description="ids equal yet cosine < this: contradiction")
     max_context_tokens: int = Field(2048, ge=16, description="cap on the context the runtime gates use")
     max_logit_positions: int = Field(256, ge=1, description="positions per text compared for logits")
-    # gate 2: thresholds per precision class of the artifact (see worker/thresholds.py)
-    runtime: dict[PrecisionClass, RuntimeThresholds] = Field(default_factory=lambda: dict(DEFAULT_RUNTIME_THRESHOLDS))
-    # gate 2 for rerankers: relevance-score thresholds per precision class (see worker/rerank_thresholds.py)
-    rerank: dict[PrecisionClass, RerankThresholds] = Field(default_factory=lambda: dict(DEFAULT_RERANK_THRESHOLDS))
+    # gate 2 correctness: thresholds per compute class of the artifact's matrices (see worker/thresholds.py)
+    runtime: dict[ComputeClass, RuntimeThresholds] = Field(default_factory=lambda: dict(DEFAULT_RUNTIME_THRESHOLDS))
+    # gate 2 for rerankers: relevance-score thresholds per compute class (see worker/rerank_thresholds.py)
+    rerank: dict[ComputeClass, RerankThresholds] = Field(default_factory=lambda: dict(DEFAULT_RERANK_THRESHOLDS))
+    # gate 2 quality: the gap to the source model, budgeted per precision class and per named slice
+    quality: dict[PrecisionClass, QualityBudget] = Field(default_factory=lambda: dict(DEFAULT_QUALITY_BUDGETS))
+    quality_slices: dict[str, QualityBudget] = Field(
+        default_factory=dict, description="budgets for named slices of the text set, each applied to its slice alone")
 
     @field_validator("runtime", "rerank")
     @classmethod
-    def _every_class(cls, value: dict[PrecisionClass, Any]) -> dict[PrecisionClass, Any]:
+    def _every_compute_class(cls, value: dict[ComputeClass, Any]) -> dict[ComputeClass, Any]:
+        missing = [name for name in COMPUTE_CLASSES if name not in value]
+        if missing:
+            raise ValueError(f"thresholds missing for compute classes {missing}")
+        return {name: value[name] for name in COMPUTE_CLASSES}
+
+    @field_validator("quality")
+    @classmethod
+    def _every_precision_class(cls, value: dict[PrecisionClass, Any]) -> dict[PrecisionClass, Any]:
         missing = [name for name in PRECISION_CLASSES if name not in value]
         if missing:
-            raise ValueError(f"runtime thresholds missing for precision classes {missing}")
+            raise ValueError(f"quality budgets missing for precision classes {missing}")
         return {name: value[name] for name in PRECISION_CLASSES}
 
-    def thresholds(self, precision: PrecisionClass) -> RuntimeThresholds:
-        return self.runtime[precision]
+    def thresholds(self, classes: Sequence[ComputeClass]) -> RuntimeThresholds:
+        """What a file whose matrices run in `classes` is held to: the loosest of their thresholds."""
+        return thresholds_for(self.runtime, classes)
+
+    def rerank_thresholds(self, classes: Sequence[ComputeClass]) -> RerankThresholds:
+        return RerankThresholds(max_score_abs_diff=max(self.rerank[name].max_score_abs_diff for name in classes))
 
     def sha256(self) -> str:
         canonical = json.dumps(json.loads(self.model_dump_json()), sort_keys=True, separators=(",", ":"))

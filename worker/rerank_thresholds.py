@@ -1,11 +1,13 @@
-"""Gate-2 thresholds for rerankers per precision class, derived from measured honest conversions.
+"""Gate-2 correctness thresholds for rerankers per compute class, derived from measured honest conversions.
 
 The compared quantity is a (query, document) pair's relevance score (the classification head's
-logit) from llama.cpp against transformers, in logit units. Each class's threshold is the worst
-absolute score difference measured on honest conversions in that class times `SCORE_MARGIN`,
-never below `SCORE_FLOOR`, rounded outward to two significant digits. A class without a measured
-reranker conversion takes the next finer class's threshold: tighter than it may need, so an honest
-coarse quant can be NO-GO (safe), never the reverse. Re-measure with
+logit) from llama.cpp against transformers running the artifact's own weights, in logit units. Each
+compute class's threshold is the worst absolute score difference measured on honest conversions in that
+class times `SCORE_MARGIN`, never below `SCORE_FLOOR`, rounded outward to two significant digits. A class
+without a measured reranker conversion takes the nearest measured class's threshold, the finer one
+first: tighter than it may need, so an honest coarse quant can be NO-GO (safe). No trained reranker can
+be had offline here, so these come from the random-weight fixture: a platform should measure a reranker
+of its own catalogue and configure a named policy from it. Re-measure with
 the honest fixtures (tests/integration/test_architectures_encoders.py records each run's worst difference
 under the report's gate-2 details, `relevance.max_abs_diff`).
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
+from worker.quant.compute import COMPUTE_CLASSES, ComputeClass
 from worker.thresholds import round_outward
 
 SCORE_MARGIN = 2.0  # 2x the worst honest absolute score difference (as for the cosine deficit)
@@ -28,7 +30,7 @@ RELEASE_SCORE_TOLERANCE = SCORE_FLOOR
 
 
 class RerankThresholds(BaseModel):
-    """Reranker thresholds for one precision class."""
+    """Reranker thresholds for one compute class."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -38,7 +40,7 @@ class RerankThresholds(BaseModel):
 @dataclass(frozen=True, slots=True)
 class HonestScores:
     fixture: str
-    precision: PrecisionClass
+    compute: ComputeClass
     max_abs_diff: float
 
 
@@ -49,19 +51,24 @@ class HonestScores:
 # every coarser class). The random model's Q8_0 error is large next to its spread; a trained reranker's
 # scores spread over several logits, so measure one of your catalogue and configure a named policy from it.
 MEASURED: tuple[HonestScores, ...] = (
-    HonestScores("bge-reranker-F16", "float", 0.00259),
-    HonestScores("bge-reranker-Q8_0", "8bit", 0.111),
+    HonestScores("bge-reranker-F16", "f16", 0.00259),
+    HonestScores("bge-reranker-Q8_0", "q8_0", 0.111),
 )
 
 
-def default_rerank_thresholds() -> dict[PrecisionClass, RerankThresholds]:
-    out: dict[PrecisionClass, RerankThresholds] = {}
+def _measured(name: ComputeClass) -> float | None:
+    worst = [m.max_abs_diff for m in MEASURED if m.compute == name]
+    return round_outward(max(max(worst) * SCORE_MARGIN, SCORE_FLOOR), up=True) if worst else None
+
+
+def default_rerank_thresholds() -> dict[ComputeClass, RerankThresholds]:
+    measured = {name: value for name in COMPUTE_CLASSES if (value := _measured(name)) is not None}
+    if not measured:
+        raise ValueError("no honest reranker measured")
+    out: dict[ComputeClass, RerankThresholds] = {}
     previous: float | None = None
-    for name in PRECISION_CLASSES:
-        worst = [m.max_abs_diff for m in MEASURED if m.precision == name]
-        value = round_outward(max(max(worst) * SCORE_MARGIN, SCORE_FLOOR), up=True) if worst else previous
-        if value is None:
-            raise ValueError(f"no honest reranker measured for the finest precision class {name!r}")
+    for name in COMPUTE_CLASSES:
+        value = measured.get(name, previous if previous is not None else next(iter(measured.values())))
         if previous is not None:
             value = max(value, previous)  # a coarser class is never held tighter than a finer one
         out[name] = RerankThresholds(max_score_abs_diff=value)

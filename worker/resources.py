@@ -5,7 +5,8 @@ BLAS and llama.cpp would each start 64 spinning threads and be throttled by the 
 second verification beside the first 9-20x slower. Every thread pool is sized from `cpu_budget()`:
 the `CONVGATE_THREADS` setting when given, else the tightest CPU quota of this process's cgroup and
 its ancestors (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), rounded up, capped by the CPUs this process may
-be scheduled on.
+be scheduled on. The llama.cpp child's private-memory cap (`llama_memory_limit`) comes from the same
+cgroup, or from `CONVGATE_LLAMA_MEMORY_MB`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class ThreadSettingError(ValueError):
-    """`CONVGATE_THREADS` is not a positive integer."""
+    """`CONVGATE_THREADS` or `CONVGATE_LLAMA_MEMORY_MB` is not a positive integer."""
 
 
 def _quota(text: str) -> float | None:
@@ -120,3 +121,38 @@ def limit_native_threads(threads: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(threads)
+
+
+LLAMA_MEMORY_SETTING = "CONVGATE_LLAMA_MEMORY_MB"
+
+
+def _memory_limit(root: Path, proc_cgroup: str) -> int | None:
+    """Bytes the memory cgroup allows this process (v2 `memory.max`, v1 `memory.limit_in_bytes`), or None."""
+    limits = []
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            text = _read(root / parts[2].strip("/") / "memory.max")
+        elif "memory" in parts[1].split(","):
+            text = _read(root / "memory" / parts[2].strip("/") / "memory.limit_in_bytes")
+        else:
+            continue
+        if text and text.strip().isdigit() and int(text) < 2**62:  # v1 writes "unlimited" as a huge number
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def llama_memory_limit(environ: Mapping[str, str] | None = None, root: Path = CGROUP_ROOT,
+                       proc_cgroup: str | None = None) -> int | None:
+    """Private memory (bytes) the llama.cpp child may allocate: `CONVGATE_LLAMA_MEMORY_MB` when set, else the
+    pod's memory limit (the child alone may never need more than the pod has), else no limit."""
+    environ = os.environ if environ is None else environ
+    setting = environ.get(LLAMA_MEMORY_SETTING, "").strip()
+    if setting:
+        if not setting.isdigit() or int(setting) < 1:
+            raise ThreadSettingError(f"{LLAMA_MEMORY_SETTING} must be a positive integer (MiB), not {setting!r}")
+        return int(setting) * 2**20
+    text = proc_cgroup if proc_cgroup is not None else (_read(Path("/proc/self/cgroup")) or "")
+    return _memory_limit(root, text)

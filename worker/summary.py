@@ -56,6 +56,29 @@ def _runtime_lines(details: dict) -> list[str]:
         lines.append(f"    logits: NMSE {logits['nmse']:.3g}, KL mean {logits['kl_mean']:.3g} / p99 "
                      f"{logits['kl_p99']:.3g} / max {logits['kl_max']:.3g}, top-1 agreement "
                      f"{logits['top1_agreement']:.1%} over {logits['positions']} positions")
+    if details.get("compute_classes"):
+        lines.append(f"    correctness against transformers on the artifact's own weights, compute "
+                     f"{'/'.join(details['compute_classes'])}")
+    lines.extend(quality_lines(details.get("quality")))
+    return lines
+
+
+def quality_lines(quality: dict | None) -> list[str]:
+    """The quantization cost against the source, overall and per slice, as llama-perplexity names it."""
+    if not quality:
+        return []
+    lines = [f"    quality against the source ({quality['precision_class']} budget):"]
+    for name, figures in quality["slices"].items():
+        parts = []
+        if "kl_mean" in figures:
+            p99 = figures.get("kl_percentiles", {}).get("p99", float("nan"))
+            parts.append(f"KL mean {figures['kl_mean']:.3g} / p99 {p99:.3g}, same top {figures['same_top']:.1%}")
+        if "delta_p_rms" in figures:
+            parts.append(f"Δp RMS {figures['delta_p_rms']:.3g}, PPL ratio {figures['ppl_ratio']:.4f}")
+        if "min_cosine" in figures:
+            parts.append(f"min cosine {figures['min_cosine']:.4f} over {figures['texts']} texts")
+        if parts:
+            lines.append(f"      {name}: " + "; ".join(parts))
     return lines
 
 

@@ -1,37 +1,75 @@
-"""The default text set for gate 2 and the small built-in retrieval set.
+"""Gate 2's texts: the submitter's named sets (or the default set), the pre-tokenizer probe, and the
+built-in retrieval set.
 
-The texts are chosen to make known failure shapes visible: scripts whose normalisation differs
-between tokenizers (Hangul, Japanese, NFD accents), emoji (byte fallback), a one-character text
-and a near-context-limit text (added per model, since the limit is the model's).
+Every text belongs to a slice: a submitter may name sets (a language, a domain) and gets one slice per
+set; the default set is sliced by script; the probe by the class of input it probes. Gate 2 reports its
+measures per slice, because the same quantization costs tens of percent more KL in one language than in
+another.
+
+The probe is tokenized (and measured) on every run, whatever texts the submitter sent. It covers the
+classes of input on which llama.cpp's pre-tokenizer types (`tokenizer.ggml.pre`) split differently: digit
+runs, contractions and apostrophes, whitespace runs and newlines, punctuation runs, CJK, emoji, accents and
+other scripts. Without it, a file naming another pre-tokenizer was GO whenever a pipeline's own texts
+happened to hold no digit. Hangul is in the default set, not the probe: WordPiece models diverge on it by
+normalisation (HF decomposes syllables into jamo, llama.cpp does not), which the default set shows.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 ACCENTED = "Crème brûlée, naïve façade, Ångström and São Paulo."
+SUBMITTED = "submitted"  # the slice of texts sent without a set name
+PROBE_PREFIX = "probe:"
 
 
 @dataclass(frozen=True, slots=True)
 class Text:
     label: str
     text: str
+    slice: str = SUBMITTED
+
+    @property
+    def is_probe(self) -> bool:
+        return self.slice.startswith(PROBE_PREFIX)
 
 
 DEFAULT_TEXTS: tuple[Text, ...] = (
-    Text("english", "The quick brown fox jumps over the lazy dog."),
-    Text("english-question", "How do I verify that a converted model matches the original weights?"),
-    # digit runs, contractions, whitespace runs and punctuation: where pre-tokenizers (tokenizer.ggml.pre) differ
-    Text("pretokenizer-probe", "Numbers 7 42 365 2026 3.14159 and 1,000,000; I've, you're, they'll, WE'D.\t"
-                               "Tabs  and   spaces,\n\nnewlines -- ok?!"),
-    Text("korean", "안녕하세요, 오늘 날씨가 정말 좋네요."),
-    Text("japanese", "東京は日本の首都です。今日はいい天気ですね。"),
-    Text("accented-nfc", unicodedata.normalize("NFC", ACCENTED)),
-    Text("accented-nfd", unicodedata.normalize("NFD", ACCENTED)),
-    Text("emoji", "Deploy succeeded 🚀🎉 — all checks green ✅"),
-    Text("very-short", "a"),
+    Text("english", "The quick brown fox jumps over the lazy dog.", "english"),
+    Text("english-question", "How do I verify that a converted model matches the original weights?", "english"),
+    Text("korean", "안녕하세요, 오늘 날씨가 정말 좋네요.", "korean"),
+    Text("japanese", "東京は日本の首都です。今日はいい天気ですね。", "japanese"),
+    Text("accented-nfc", unicodedata.normalize("NFC", ACCENTED), "accented"),
+    Text("accented-nfd", unicodedata.normalize("NFD", ACCENTED), "accented"),
+    Text("emoji", "Deploy succeeded 🚀🎉 — all checks green ✅", "emoji"),
+    Text("very-short", "a", "english"),
 )
+
+# class -> a text exercising it: where llama.cpp's pre-tokenizer regexes (llama-vocab.cpp) part ways
+PROBE_CLASSES: dict[str, str] = {
+    "digits": "Numbers 7 42 365 2026 3.14159 and 1,000,000; call 0800123456789 or 12345678901234567890.",
+    "contractions": "I've, you're, they'll, WE'D, it's, don't, CAN'T, o'clock and 'quoted' words.",
+    "whitespace": "Tabs\tand  spaces,   runs\n\nnewlines\r\n \n  indented\t\tline   ",
+    "punctuation": "Wait... what?!? -- ok!!! (yes) [no] {maybe} <tag/> a/b/c.txt #hash @user $5 100% ==>",
+    "cjk": "东京是日本的首都。東京は日本の首都です。今日はいい天気ですね、ありがとう。",
+    "emoji": "Deploy 🚀🎉 ✅ 👩\u200d💻 🏳️\u200d🌈 🇫🇷 1️⃣ done",
+    "accents": "Crème brûlée, naïve façade, Ångström, São Paulo, Zürich, Łódź, Dvořák.",
+    "scripts": "Привет мир. Γειά σου κόσμε. مرحبا بالعالم. שלום עולם. नमस्ते दुनिया. สวัสดีชาวโลก",
+    "code": "def f(x):\n    return x**2 + 1  # comment\nif (a&&b||c) { i++; } else { j--; }",
+}
+PROBE_TEXTS: tuple[Text, ...] = tuple(Text(f"probe-{name}", text, f"{PROBE_PREFIX}{name}")
+                                      for name, text in PROBE_CLASSES.items())
+
+
+def submitted_texts(texts: Sequence[str] | None, text_sets: Mapping[str, Sequence[str]] | None) -> tuple[Text, ...]:
+    """The submitter's texts, one slice per named set (unnamed ones in `submitted`); empty when none."""
+    out = [Text(f"line-{i + 1}", text) for i, text in enumerate(texts or ())]
+    for name, members in (text_sets or {}).items():
+        out.extend(Text(f"{name}-{i + 1}", text, name) for i, text in enumerate(members))
+    return tuple(out)
+
 
 LONG_SENTENCE = "Verification compares every tensor and every token against the reference model. "
 
@@ -49,7 +87,7 @@ def near_context_texts(context_tokens: int, count_tokens) -> tuple[Text, ...]:
             low = middle
         else:
             high = middle
-    return (Text("near-context-limit", (LONG_SENTENCE * low).strip()),)
+    return (Text("near-context-limit", (LONG_SENTENCE * low).strip(), "english"),)
 
 
 def uncovered_inputs(texts: tuple[Text, ...]) -> list[str]:

@@ -60,6 +60,9 @@ class Predicate(_Strict):
     versions: Versions
     tensor_data_sha256: dict[str, Sha256Hex]  # GGUF tensor name -> sha256 of its stored bytes
     tensors_without_digest: list[str]  # rows the report gave no digest for (older reports)
+    # the quantization cost gate 2 measured against the source: slice -> figures (KL and its percentiles, Δp,
+    # same top token, perplexity ratio; min cosine for embeddings); empty when gate 2 did not measure it
+    quality: dict[str, dict[str, Any]] = Field(default_factory=dict)
     signing_keyid: Sha256Hex
 
 
@@ -108,6 +111,11 @@ def _versions(environment: dict[str, str]) -> Versions:
                                     "gguf": environment.get("gguf", NOT_RECORDED)})
 
 
+def _quality(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    runtime = (report.get("gates") or {}).get("runtime") or {}
+    return dict((runtime.get("details") or {}).get("quality", {}).get("slices") or {})
+
+
 def build_statement(attested: Attested, keyid: str) -> Statement:
     """The statement for one verdict; tensor digests sorted by name, so the GGUF header's order does not matter."""
     report = attested.report
@@ -125,7 +133,7 @@ def build_statement(attested: Attested, keyid: str) -> Statement:
         versions=_versions(report.get("environment") or {}),
         tensor_data_sha256=dict(sorted(digests.items())),
         tensors_without_digest=sorted(row["gguf_name"] for row in rows if not row.get("data_sha256")),
-        signing_keyid=keyid)
+        quality=_quality(report), signing_keyid=keyid)
     return Statement.model_validate({"_type": STATEMENT_TYPE, "subject": _subjects(attested),
                                      "predicateType": PREDICATE_TYPE, "predicate": predicate})
 

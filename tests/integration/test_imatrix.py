@@ -19,7 +19,8 @@ from worker.policy import Policy
 from worker.report import Report
 from worker.summary import render_summary
 
-pytestmark = pytest.mark.slow
+# every imatrix path runs through the process pool as well as in one process
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("gate1_processes")]
 QUANTIZED = {"Q4_K_M": {"Q4_K", "Q6_K"}, "IQ4_XS": {"IQ4_XS", "Q6_K"}, "IQ2_XXS": {"IQ2_XXS", "Q2_K", "Q5_K"}}
 IMATRIX_ENTRIES = 14  # 7 matrices in each of tiny-llama's 2 blocks
 

@@ -23,7 +23,8 @@ from worker.policy import Policy
 from worker.quant.imatrix import read_imatrix
 from worker.report import Report
 
-pytestmark = pytest.mark.slow
+# every imatrix path runs through the process pool as well as in one process
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("gate1_processes")]
 N_EXPERT, N_LAYER = 4, 2
 STACKED = {f"blk.{layer}.ffn_{proj}_exps.weight" for layer in range(N_LAYER) for proj in ("gate", "up", "down")}
 WEIGHTED = 7 * N_LAYER  # q, k, v, output and the three stacked expert tensors of each block

@@ -99,7 +99,8 @@ def test_row_slice_keeps_the_stated_rows(rows: slice, kept: int, label: str) -> 
 
 def test_value_map_changes_values_after_widening() -> None:
     half = PARTS[0].astype(np.float16)
-    tensor = value_map("blk.0.attn_norm.weight", "norm", "stored as 1 + w", lambda w: w + 1).build(_parts(half))
+    tensor = value_map("blk.0.attn_norm.weight", "norm", "stored as 1 + w", lambda w: w + 1,
+                       lambda v: v - 1).build(_parts(half))
     assert tensor.shape == half.shape and tensor.dtype == "F16" and tensor.name == "p0"
     widened = tensor.widen(tensor.as_rows())
     assert widened.dtype == np.float32 and widened.flags.c_contiguous
@@ -114,14 +115,15 @@ def test_without_a_value_map_widening_is_the_parts_own() -> None:
 
 def test_each_derivation_keeps_its_stated_description_and_sources() -> None:
     made = [stacked("t.s", ["e0", "e1"], "experts stacked"), row_slice("t.r", "pos", slice(2, None), "offset dropped"),
-            value_map("t.v", "norm", "stored as 1 + w", lambda w: w + 1)]
+            value_map("t.v", "norm", "stored as 1 + w", lambda w: w + 1, lambda v: v - 1)]
     assert [(d.gguf_name, d.source_names, d.description) for d in made] == [
         ("t.s", ("e0", "e1"), "experts stacked"), ("t.r", ("pos",), "offset dropped"),
         ("t.v", ("norm",), "stored as 1 + w")]
 
 
 def test_a_value_map_computed_in_float64_is_still_widened_to_float32() -> None:
-    tensor = value_map("t.v", "norm", "stored as 1 + w", lambda w: w.astype(np.float64) + 1).build(_parts(PARTS[0]))
+    tensor = value_map("t.v", "norm", "stored as 1 + w", lambda w: w.astype(np.float64) + 1,
+                       lambda v: v - 1).build(_parts(PARTS[0]))
     widened = tensor.widen(tensor.as_rows())
     assert widened.dtype == np.float32 and widened.flags.c_contiguous
     np.testing.assert_array_equal(widened, PARTS[0] + np.float32(1))

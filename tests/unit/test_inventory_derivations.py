@@ -65,7 +65,7 @@ def _plan(*derivations: Derivation) -> _Derived:
 HONEST_PLAN = (
     stacked("blk.0.ffn_down_exps.weight", [f"experts.{i}.w" for i in range(3)], "experts stacked"),
     row_slice("position_embd.weight", "pos", slice(2, None), "padding offset of 2 rows dropped"),
-    value_map("blk.0.norm.weight", "norm", "stored as 1 + w", lambda w: w + np.float32(1)),
+    value_map("blk.0.norm.weight", "norm", "stored as 1 + w", lambda w: w + np.float32(1), lambda v: v - np.float32(1)),
 )
 
 
@@ -112,7 +112,7 @@ def test_a_missing_source_or_target_or_wrong_shape_is_a_blocker(source):
         stacked("blk.0.ffn_down_exps.weight", ["experts.0.w", "experts.1.w", "experts.2.w"], "experts stacked"),
         stacked("blk.0.ffn_up_exps.weight", ["experts.0.w", "experts.9.w"], "experts stacked"),
         row_slice("position_embd.weight", "pos", slice(2, None), "padding offset dropped"),
-        value_map("blk.0.norm.weight", "norm", "stored as 1 + w", lambda w: w + 1),
+        value_map("blk.0.norm.weight", "norm", "stored as 1 + w", lambda w: w + 1, lambda v: v - 1),
     )
     inventory = take_inventory(arch, layout, source)
     found = sorted((b.code, b.tensor) for b in inventory.blockers)
@@ -141,7 +141,7 @@ class _OneToOne(Architecture, arch="test-one-to-one"):
         return RowTransform("rows reversed", np.arange(rows)[::-1]) if gguf_name == "t.d" else None
 
     def derivations(self, source_names: Collection[str]) -> list[Derivation]:
-        offered = [value_map("t.v", "v.weight", "stored as 1 + w", lambda w: w + 1)]
+        offered = [value_map("t.v", "v.weight", "stored as 1 + w", lambda w: w + 1, lambda v: v - 1)]
         return offered if "v.weight" in source_names else []
 
 
@@ -196,10 +196,10 @@ def _refuse(parts: object) -> DerivedTensor:
 def test_a_failed_derivation_says_why_and_marks_its_sources_missing(source):
     layout, _ = _layout({"t.absent_source": NORM, "t.twice": NORM, "t.build": NORM, "t.slice": POSITIONS})
     arch = _plan(
-        value_map("t.absent_source", "nope", "stored as 1 + w", lambda w: w + 1),
-        value_map("t.not_in_gguf", "experts.0.w", "stored as 1 + w", lambda w: w + 1),
-        value_map("t.twice", "norm", "stored as 1 + w", lambda w: w + 1),
-        value_map("t.twice", "experts.1.w", "stored as 1 + w", lambda w: w + 1),
+        value_map("t.absent_source", "nope", "stored as 1 + w", lambda w: w + 1, lambda v: v - 1),
+        value_map("t.not_in_gguf", "experts.0.w", "stored as 1 + w", lambda w: w + 1, lambda v: v - 1),
+        value_map("t.twice", "norm", "stored as 1 + w", lambda w: w + 1, lambda v: v - 1),
+        value_map("t.twice", "experts.1.w", "stored as 1 + w", lambda w: w + 1, lambda v: v - 1),
         Derivation("t.build", ("experts.2.w",), "refused", _refuse),
         row_slice("t.slice", "pos", slice(1, None), "offset dropped"),
     )

@@ -107,7 +107,7 @@ def check_embeddings(
         if not np.all(np.isfinite(cand)):
             block("embedding.not_finite", f"llama.cpp's embedding of {text.label!r} is not finite", text.text)
             continue
-        row: dict[str, Any] = {"label": text.label, "ids_equal": ids_equal.get(text.label, True),
+        row: dict[str, Any] = {"label": text.label, "slice": text.slice, "ids_equal": ids_equal.get(text.label, True),
                **compare_vectors(reference(text.text), cand, sentence.normalize)}
         result.per_text.append(row)
         if not row["cosine"] >= thresholds.min_cosine:

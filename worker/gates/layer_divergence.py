@@ -4,7 +4,7 @@ A failing embedding, logits or relevance comparison says *that* the models diffe
 both run the same token ids (llama.cpp's, so tokenization is out of the picture) for the first failing
 text; every layer's output is captured on both sides (llama.cpp's eval callback, forward hooks on the
 reference's layer modules) and compared by relative error ||h_llama - h_ref|| / ||h_ref|| over all
-positions. The first layer whose error exceeds its precision class's tolerance is named in the
+positions. The first layer whose error exceeds its compute class's tolerance is named in the
 blockers; none exceeding it means the layers agree and the divergence is after them (output norm,
 pooling, head) or before them (tokenization, which the gate's own blockers then show).
 
@@ -27,11 +27,11 @@ import numpy as np
 from worker.blockers import Blocker
 from worker.errors import ConvgateError
 from worker.formats.gguf_structure import read_layout
+from worker.formats.source import open_source
+from worker.gates.references import references
 from worker.gates.relevance_parity import RERANK_SET
-from worker.quant.precision import PrecisionClass
-from worker.runtime.hf_reference import HFModel
-from worker.runtime.layer_trace import trace_layers
-from worker.runtime.llama_candidate import LlamaCandidate
+from worker.quant.compute import COMPUTE_CLASSES, ComputeClass
+from worker.runtime.llama_process import LlamaProcess
 from worker.texts import Text
 from worker.thresholds import round_outward
 
@@ -49,73 +49,30 @@ MAX_TRACE_POSITIONS = 64
 
 @dataclass(frozen=True, slots=True)
 class HonestLayers:
-    """The worst per-layer relative error one honest conversion showed over the measured texts."""
+    """The worst per-layer relative error one honest conversion of a trained model showed, against
+    transformers on the artifact's own weights, over the measured texts."""
 
     fixture: str
-    precision: PrecisionClass
+    compute: ComputeClass
     worst: float
 
 
-# Measured on 2026-11-30 (llama-cpp-python 0.3.36, transformers 4.57, torch 2.13, CPU) with
-# `measure_honest_layers` over the three English texts of the gate-2 tests, on the built fixtures and
-# .fixtures/threshold-study. Re-measure after upgrading a runtime.
-MEASURED_LAYERS: tuple[HonestLayers, ...] = (
-    HonestLayers('minilm-F32', 'float', 0.00172),
-    HonestLayers('minilm-F16', 'float', 0.00173),
-    HonestLayers('minilm-BF16', 'float', 0.00536),
-    HonestLayers('tiny-llama-F32', 'float', 0.000473),
-    HonestLayers('tiny-llama-F16', 'float', 0.000753),
-    HonestLayers('tiny-llama-BF16', 'float', 0.00506),
-    HonestLayers('tiny-qwen3-F32', 'float', 0.000366),
-    HonestLayers('tiny-qwen3-F16', 'float', 0.000628),
-    HonestLayers('arch-llama-F16', 'float', 0.000551),
-    HonestLayers('arch-mistral-F16', 'float', 0.000641),
-    HonestLayers('arch-qwen2-F16', 'float', 0.000518),
-    HonestLayers('arch-qwen3moe-F16', 'float', 0.0134),
-    HonestLayers('arch-gemma2-F16', 'float', 0.00101),
-    HonestLayers('arch-gemma3-F16', 'float', 0.00135),
-    HonestLayers('arch-phi3-F16', 'float', 0.000539),
-    HonestLayers('arch-modernbert-F16', 'float', 0.00133),
-    HonestLayers('arch-xlm-roberta-F16', 'float', 0.000127),
-    HonestLayers('minilm-Q8_0', '8bit', 0.0278),
-    HonestLayers('tiny-llama-Q8_0', '8bit', 0.0151),
-    HonestLayers('tiny-qwen3-Q8_0', '8bit', 0.0133),
-    HonestLayers('tiny-qwen3-Q6_K', '8bit', 0.0133),
-    HonestLayers('arch-llama-Q8_0', '8bit', 0.0109),
-    HonestLayers('arch-mistral-Q8_0', '8bit', 0.0142),
-    HonestLayers('arch-qwen2-Q8_0', '8bit', 0.0112),
-    HonestLayers('arch-qwen3moe-Q8_0', '8bit', 0.0144),
-    HonestLayers('arch-gemma2-Q8_0', '8bit', 0.02),
-    HonestLayers('arch-gemma3-Q8_0', '8bit', 0.0279),
-    HonestLayers('arch-phi3-Q8_0', '8bit', 0.0113),
-    HonestLayers('arch-modernbert-Q8_0', '8bit', 0.0249),
-    HonestLayers('arch-xlm-roberta-Q8_0', '8bit', 0.00337),
-    HonestLayers('minilm-Q6_K', '6bit', 0.0391),
-    HonestLayers('tiny-llama-Q6_K', '6bit', 0.0451),
-    HonestLayers('minilm-Q5_0', '5bit', 0.123),
-    HonestLayers('minilm-Q5_K_M', '5bit', 0.097),
-    HonestLayers('tiny-llama-Q5_0', '5bit', 0.0999),
-    HonestLayers('tiny-llama-Q5_K_M', '5bit', 0.0855),
-    HonestLayers('tiny-qwen3-Q5_K_M', '5bit', 0.0627),
-    HonestLayers('tiny-qwen3-Q4_K_M', '5bit', 0.0606),
-    HonestLayers('minilm-Q4_0', '4bit', 0.227),
-    HonestLayers('minilm-Q4_K_M', '4bit', 0.124),
-    HonestLayers('minilm-Q3_K_M', '4bit', 0.197),
-    HonestLayers('tiny-llama-Q4_0', '4bit', 0.188),
-    HonestLayers('tiny-llama-Q4_K_M', '4bit', 0.164),
-    HonestLayers('tiny-qwen3-Q3_K_M', '4bit', 0.0912),
-    HonestLayers('minilm-Q2_K', 'lower', 0.272),
-    HonestLayers('tiny-llama-Q3_K_M', 'lower', 0.211),
-    HonestLayers('tiny-llama-Q2_K', 'lower', 0.538),
-)
+# Measured with `python scripts/measure_thresholds.py` (see worker/thresholds.py for the versions and texts).
+MEASURED_LAYERS: tuple[HonestLayers, ...] = ()
 
 
-def layer_tolerance(precision: PrecisionClass) -> float:
-    """LAYER_MARGIN over the worst honest per-layer error of the class, rounded outward."""
-    worst = [m.worst for m in MEASURED_LAYERS if m.precision == precision]
-    if not worst:
-        raise ValueError(f"no honest per-layer error measured for precision class {precision!r}")
-    return round_outward(max(LAYER_FLOOR, LAYER_MARGIN * max(worst)), up=True)
+def _worst_layer_error(name: ComputeClass) -> float:
+    """The class's worst honest per-layer error, or the nearest finer measured class's."""
+    for nearest in reversed(COMPUTE_CLASSES[:COMPUTE_CLASSES.index(name) + 1]):
+        found = [m.worst for m in MEASURED_LAYERS if m.compute == nearest]
+        if found:
+            return max(found)
+    raise ValueError(f"no honest per-layer error measured for compute class {name!r} or a finer one")
+
+
+def layer_tolerance(classes: Sequence[ComputeClass]) -> float:
+    """LAYER_MARGIN over the worst honest per-layer error of the file's compute classes, rounded outward."""
+    return round_outward(max(LAYER_FLOOR, LAYER_MARGIN * max(_worst_layer_error(n) for n in classes)), up=True)
 
 
 def relative_error(candidate: np.ndarray, reference: np.ndarray) -> float:
@@ -171,23 +128,21 @@ def reference_errors(model: Any, ids: list[int], candidate: np.ndarray) -> list[
     return [errors[layer] for layer in range(len(blocks))]
 
 
-def layer_curve(reference_model: Any, llama_model: Any, architecture: str, ids: list[int]) -> list[float]:
-    """Per-layer relative error of llama.cpp against the reference on the same token ids."""
-    candidate = trace_layers(llama_model, architecture, ids)
-    return reference_errors(reference_model, ids, candidate)
+def layer_curve(reference_model: Any, candidate: LlamaProcess, architecture: str, ids: list[int]) -> list[float]:
+    """Per-layer relative error of llama.cpp (traced in its child) against the reference on the same ids."""
+    return reference_errors(reference_model, ids, candidate.trace_layers(architecture, ids))
 
 
 def measure_curves(source_dir: Path, artifact: Path, texts: Sequence[str]) -> list[list[float]]:
-    """Each text's per-layer curve on one conversion, outside any gate: how MEASURED_LAYERS was measured.
-    The base model serves every kind (a causal LM's or classifier's head comes after the last block)."""
-    architecture = str(read_layout(artifact).metadata["general.architecture"])
-    model = HFModel(source_dir, causal=False)
-    candidate = LlamaCandidate(artifact, embedding=True, n_ctx=512)
-    try:
-        return [layer_curve(model.model, candidate.llm.model, architecture,
+    """Each text's per-layer curve on one conversion against transformers on its own weights, outside any
+    gate: how MEASURED_LAYERS was measured. The base model serves every kind (a causal LM's or classifier's
+    head comes after the last block)."""
+    layout = read_layout(artifact)
+    architecture = str(layout.metadata["general.architecture"])
+    model, _, _ = references(artifact, layout, open_source(source_dir), "embedding")
+    with LlamaProcess(artifact, embedding=True, n_ctx=512) as candidate:
+        return [layer_curve(model.model, candidate, architecture,
                             candidate.tokenize(text, add_special=True, parse_special=False)) for text in texts]
-    finally:
-        candidate.close()
 
 
 def _worst_pair(found: Sequence[Blocker], per_pair: list[dict[str, Any]]) -> tuple[str, str] | None:
@@ -242,7 +197,7 @@ def _suffix(divergence: dict[str, Any]) -> str:
 
 
 def locate_divergence(found: list[Blocker], details: dict[str, Any], *, texts: Sequence[Text], model: Any,
-                      candidate: Any, architecture: str, precision: PrecisionClass) -> list[Blocker]:
+                      candidate: Any, architecture: str, classes: Sequence[ComputeClass]) -> list[Blocker]:
     """When gate 2's comparison failed: trace the first failing text layer by layer, put the curve in
     `details["layer_divergence"]` and name the first divergent layer in every blocker's `why`."""
     if not found:
@@ -251,11 +206,12 @@ def locate_divergence(found: list[Blocker], details: dict[str, Any], *, texts: S
     if chosen is None:
         return found
     text, ids = chosen[0], chosen[1][:MAX_TRACE_POSITIONS]
-    tolerance = layer_tolerance(precision)
+    tolerance = layer_tolerance(classes)
     divergence: dict[str, Any] = {"text": text, "positions": len(ids), "tolerance": tolerance, "criterion":
-                                  f"relative L2 error per layer > {LAYER_MARGIN:g}x the worst honest {precision}"}
+                                  f"relative L2 error per layer > {LAYER_MARGIN:g}x the worst honest "
+                                  f"{'/'.join(classes)}"}
     try:
-        errors = layer_curve(model.model, candidate.llm.model, architecture, ids)
+        errors = layer_curve(model.model, candidate, architecture, ids)
         divergence.update(layers=errors, first_divergent_layer=first_divergent_layer(errors, tolerance))
     except (ConvgateError, ValueError, RuntimeError) as exc:  # a diagnosis never fails the gate itself
         divergence["error"] = f"{type(exc).__name__}: {exc}"

@@ -46,10 +46,15 @@ class LogitsResult:
     blockers: list[Blocker] = field(default_factory=list)
 
 
+Observer = Callable[[Text, list[int], np.ndarray], None]
+
+
 def check_logits(
     texts: tuple[Text, ...], tokenize: Callable[[str], list[int]], reference: Logits, candidate: Logits,
-    policy: Policy, thresholds: RuntimeThresholds,
+    policy: Policy, thresholds: RuntimeThresholds, observe: Observer | None = None,
 ) -> LogitsResult:
+    """`observe(text, ids, candidate logits)` sees each text's finite candidate logits once (gate 2 measures
+    the gap to the source model on them without asking llama.cpp twice)."""
     result = LogitsResult()
     kls: list[float] = []
     sum_sq_diff = sum_sq_ref = 0.0
@@ -61,13 +66,15 @@ def check_logits(
             result.blockers.append(Blocker(code="logits.not_finite", gate="runtime",
                                            why=f"llama.cpp logits for {text.label!r} are not finite", text=text.text))
             continue
+        if observe is not None:
+            observe(text, ids, cand)
         row = compare_logits(reference(ids), cand)
         kls.extend(row["kl"])
         sum_sq_diff += row["sum_sq_diff"]
         sum_sq_ref += row["sum_sq_ref"]
         top1_equal += row["top1_equal"]
         positions += row["positions"]
-        result.per_text.append({"label": text.label, "positions": row["positions"],
+        result.per_text.append({"label": text.label, "slice": text.slice, "positions": row["positions"],
                                 "kl_mean": float(np.mean(row["kl"])), "top1_equal": row["top1_equal"],
                                 "candidate_top1": row["candidate_top1"]})
     if not positions:

@@ -9,7 +9,6 @@ determine are named under not_verified; any other key is `metadata.unexpected_ke
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,7 @@ from worker.formats.source import SourceModel
 from worker.gates.architectures import Architecture
 from worker.gates.expectation import NO_DEFAULT, Expectation
 from worker.gates.hyperparameters import underivable_rope_scaling
+from worker.gates.loadable import tensor_expectations
 from worker.gates.metadata_keys import disposition
 from worker.gates.tokenizer_metadata import TokenizerFiles, converter_notes, flag_findings, tokenizer_expectations
 from worker.report import MetadataCheck
@@ -44,19 +44,6 @@ def source_pooling(source: SourceModel) -> int | None:
     """llama.cpp pooling type of the source's sentence-transformers Pooling module, if it has one."""
     pooling = sentence_config(source).pooling
     return LLAMA_POOLING[pooling] if pooling else None
-
-
-def _tensor_expectations(arch: Architecture, layout: GGUFLayout) -> list[Expectation]:
-    out = []
-    blocks = {int(m[1]) for info in layout.tensors if (m := re.match(r"blk\.(\d+)\.", info.name))}
-    if blocks:
-        out.append(Expectation(f"{arch.arch}.block_count", max(blocks) + 1, "tensors (blk.N present)"))
-    names = {info.name: info for info in layout.tensors}
-    if "token_embd.weight" in names:
-        embd = names["token_embd.weight"]
-        out.append(Expectation(f"{arch.arch}.embedding_length", embd.shape[0], "tensors (token_embd width)"))
-        out.append(Expectation("tokenizer.ggml.tokens", embd.shape[1], "tensors (token_embd rows)"))
-    return out
 
 
 def _plain(value: Any) -> Any:
@@ -153,7 +140,7 @@ def _agrees(exp: Expectation, actual: Any) -> bool:
 
 def _expectations(arch: Architecture, layout: GGUFLayout, source: SourceModel,
                   tokenizer: TokenizerFiles | None) -> list[Expectation]:
-    out = arch.expectations() + _tensor_expectations(arch, layout)
+    out = arch.expectations() + tensor_expectations(arch.arch, layout)
     if tokenizer is not None:
         out += tokenizer_expectations(tokenizer)
     pooling = source_pooling(source)

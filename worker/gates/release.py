@@ -19,11 +19,13 @@ from worker.digests import digest_file, sha256_file
 from worker.errors import ReferenceMissingError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.gates.embedding_parity import retrieval_top1
+from worker.gates.loadable import refusal
 from worker.gates.relevance_parity import RERANK_SET, candidate_scores, changed_orders, document_order
 from worker.gates.runtime import RuntimeMeasurements
 from worker.report import FileDigest, GateResult
 from worker.rerank_thresholds import RELEASE_SCORE_TOLERANCE
-from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
+from worker.runtime.llama_candidate import CandidateLoadError
+from worker.runtime.llama_process import LlamaCrashedError, LlamaProcess
 from worker.runtime.sentence_config import SentenceConfig
 
 
@@ -35,7 +37,7 @@ def digest_changed(actual_sha256: str, measured_sha256: str, name: str) -> Block
                    why=f"{name} changed after it was measured; it is not the file verified")
 
 
-def _remeasure_embedding(candidate: LlamaCandidate, layout: GGUFLayout, sentence: SentenceConfig,
+def _remeasure_embedding(candidate: LlamaProcess, layout: GGUFLayout, sentence: SentenceConfig,
                          measured: RuntimeMeasurements | None, details: dict) -> list[Blocker]:
     blockers: list[Blocker] = []
     arch = layout.metadata.get("general.architecture")
@@ -64,7 +66,7 @@ def _remeasure_embedding(candidate: LlamaCandidate, layout: GGUFLayout, sentence
     return blockers
 
 
-def _remeasure_logits(candidate: LlamaCandidate, measured: RuntimeMeasurements, details: dict) -> list[Blocker]:
+def _remeasure_logits(candidate: LlamaProcess, measured: RuntimeMeasurements, details: dict) -> list[Blocker]:
     text = measured.logits_text or "The quick brown fox jumps over the lazy dog."
     ids = candidate.tokenize(text, add_special=True, parse_special=False)[: len(measured.logits_top1) or None]
     logits = candidate.logits(ids)
@@ -79,7 +81,7 @@ def _remeasure_logits(candidate: LlamaCandidate, measured: RuntimeMeasurements, 
     return []
 
 
-def _remeasure_relevance(candidate: LlamaCandidate, measured: RuntimeMeasurements | None,
+def _remeasure_relevance(candidate: LlamaProcess, measured: RuntimeMeasurements | None,
                          details: dict) -> list[Blocker]:
     """Re-score gate 2's pairs: finite, the scores gate 2 measured (same bytes, same runtime), the same order."""
     scores = candidate_scores(candidate)
@@ -130,14 +132,13 @@ def run_release_gate(
         blockers.append(changed)
     elif kind is None:
         blockers.append(Blocker(code="runtime.unknown_model_kind", gate="release", why="cannot re-measure"))
+    elif refused := refusal(layout, "release"):
+        blockers.extend(refused)
     else:
         n_ctx = measured.n_ctx if measured else 512
         try:
-            candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker")
-        except (CandidateLoadError, ReferenceMissingError) as exc:
-            blockers.append(Blocker(code="runtime.load_failed", gate="release", why=str(exc)))
-        else:
-            try:
+            with LlamaProcess(artifact, embedding=kind == "embedding", n_ctx=n_ctx,
+                              rank=kind == "reranker") as candidate:
                 if kind == "embedding":
                     blockers.extend(_remeasure_embedding(candidate, layout, sentence, measured, details))
                 elif kind == "reranker":
@@ -145,8 +146,10 @@ def run_release_gate(
                 else:
                     baseline = measured or RuntimeMeasurements("causal-lm", n_ctx)
                     blockers.extend(_remeasure_logits(candidate, baseline, details))
-            finally:
-                candidate.close()
+        except (CandidateLoadError, ReferenceMissingError) as exc:
+            blockers.append(Blocker(code="runtime.load_failed", gate="release", why=str(exc)))
+        except LlamaCrashedError as exc:
+            blockers.append(Blocker(code="runtime.crashed", gate="release", why=str(exc)))
     details["compared_with_gate2"] = measured is not None
     status = "failed" if blockers else "passed"
     if any(b.code == "gate.not_run" for b in blockers):

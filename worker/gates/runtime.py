@@ -1,17 +1,27 @@
-"""Gate 2 — runtime: does llama.cpp give an outside user what the Hugging Face model gives?
+"""Gate 2 — runtime: does llama.cpp run this file as transformers runs these weights, and what does the
+file cost against its source?
 
-Tokenizer parity first (every text, every flag combination), then embeddings (encoder or decoder
-embedding models, by the source's sentence-transformers pooling) or logits (causal LMs).
-The measurements gate 3 re-checks on the released file are returned alongside. A gate that
-measured nothing (every text longer than the context, no logits position compared) is `not_run`
-with a `gate.not_run` blocker: 0 == 0 agreements and a NaN cosine are not a pass.
+Two questions, two references. Correctness: llama.cpp against transformers running the artifact's own
+weights (dequantized, the converter's transforms undone), so only llama.cpp's compute path may differ and
+is held to its own measured noise per compute class; a GO means llama.cpp runs this file as transformers
+runs these weights, not that a quant is as close to its source as some other model's quants were.
+Quality: llama.cpp against transformers on the source's weights, the quantization cost (KL, Δp, same top
+token, perplexity ratio; cosine and retrieval for embeddings) per slice of the text set, budgeted by the
+policy (`quality.*`).
+
+Tokenizer parity comes first (every text, the pre-tokenizer probe included, every flag combination),
+then the chat template as a runtime applies it (causal LMs with a template), then embeddings (by the
+source's sentence-transformers pooling), relevance scores (rerankers) or logits (causal LMs). llama.cpp
+runs in a child process: a crash is `runtime.crashed`, a NO-GO, never a lost verdict. A file whose
+metadata contradicts its tensors is not loaded at all. A gate that measured nothing is `not_run` with a
+`gate.not_run` blocker: 0 == 0 agreements and a NaN cosine are not a pass.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,43 +29,32 @@ from worker.blockers import Blocker
 from worker.errors import CodedError, ReferenceMissingError, SourceError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
-from worker.gates.embedding_parity import check_embeddings
+from worker.gates.chat_template import check_chat_template
 from worker.gates.layer_divergence import locate_divergence
-from worker.gates.logits_parity import check_logits
-from worker.gates.relevance_parity import measure_relevance
-from worker.gates.runtime_evidence import (
-    EmbeddingEvidence,
-    LogitsEvidence,
-    Recorded,
-    RuntimeEvidence,
-    TokenizerEvidence,
+from worker.gates.loadable import refusal
+from worker.gates.references import references
+from worker.gates.runtime_evidence import Recorded, RuntimeEvidence, TokenizerEvidence
+from worker.gates.runtime_measures import (
+    ModelKind,
+    RuntimeMeasurements,
+    Sides,
+    measure_embeddings,
+    measure_logits,
+    measure_reranker,
 )
 from worker.gates.tokenizer_parity import check_tokenizer
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
-from worker.quant.precision import PrecisionClass, precision_class, type_mix
+from worker.quant.compute import compute_classes
+from worker.quant.precision import precision_class, type_mix
 from worker.report import GateResult
-from worker.runtime.hf_reference import HFModel, HFTokenizer
-from worker.runtime.llama_candidate import CandidateLoadError, LlamaCandidate
+from worker.runtime.hf_reference import HFTokenizer
+from worker.runtime.llama_candidate import CandidateLoadError
+from worker.runtime.llama_process import LlamaCrashedError, LlamaProcess
 from worker.runtime.sentence_config import SentenceConfig, sentence_config
-from worker.texts import DEFAULT_TEXTS, Text, near_context_texts, uncovered_inputs
-from worker.thresholds import RuntimeThresholds
+from worker.texts import DEFAULT_TEXTS, PROBE_CLASSES, PROBE_TEXTS, Text, near_context_texts, uncovered_inputs
 
-ModelKind = Literal["embedding", "causal-lm", "reranker"]
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeMeasurements:
-    """What gate 2 measured on the candidate, for gate 3 to re-measure on the released file."""
-
-    kind: ModelKind
-    n_ctx: int
-    retrieval_top1: tuple[int, ...] = ()
-    logits_text: str | None = None
-    logits_top1: tuple[int, ...] = ()
-    rerank_orders: tuple[tuple[int, ...], ...] = ()
-    rerank_scores: tuple[tuple[float, ...], ...] = ()
-    evidence: RuntimeEvidence | None = None  # what the negative controls replay
+__all__ = ["ModelKind", "RuntimeMeasurements", "context_size", "model_kind", "run_runtime_gate"]
 
 
 def is_reranker(config: Mapping[str, Any]) -> bool:
@@ -86,68 +85,29 @@ def context_size(layout: GGUFLayout, policy: Policy) -> int:
     return min(value, policy.max_context_tokens)
 
 
-def text_set(user_texts: tuple[str, ...] | None, hf: HFTokenizer, candidate: LlamaCandidate,
+def text_set(submitted: tuple[Text, ...], hf: HFTokenizer, candidate: LlamaProcess,
              n_ctx: int) -> tuple[tuple[Text, ...], list[str]]:
-    """The texts to measure (user's or default + one near the context limit) and those skipped
-    because either tokenizer makes them longer than the context."""
+    """The texts to measure: the submitter's (or the default set and one near the context limit), then the
+    pre-tokenizer probe, always; and the labels of those skipped because either tokenizer makes them longer
+    than the context."""
     def count(text: str) -> int:
         return max(len(hf.encode(text, add_special=True, parse_special=False)),
                    len(candidate.tokenize(text, add_special=True, parse_special=False)))
 
-    if user_texts is not None:
-        candidates = tuple(Text(f"line-{i + 1}", text) for i, text in enumerate(user_texts))
-    else:
-        candidates = DEFAULT_TEXTS + near_context_texts(n_ctx, count)
+    candidates = (submitted or DEFAULT_TEXTS + near_context_texts(n_ctx, count)) + PROBE_TEXTS
     kept = tuple(t for t in candidates if count(t.text) <= n_ctx - 4)
     skipped = [t.label for t in candidates if t not in kept]
     return kept, skipped
 
 
-def _measure_embeddings(
-    texts: tuple[Text, ...], hf: HFTokenizer, model: HFModel, candidate: LlamaCandidate, sentence: SentenceConfig,
-    ids_equal: dict[str, bool], policy: Policy, thresholds: RuntimeThresholds, n_ctx: int,
-) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
-    pooling = sentence.pooling or "mean"
-
-    def embed_reference(text: str):
-        return model.embed(hf.encode(text, add_special=True, parse_special=False), pooling)
-
-    reference, embed = Recorded(embed_reference), Recorded(candidate.embed)
-    result = check_embeddings(texts, reference, embed, sentence, ids_equal, policy, thresholds)
-    details = {"min_cosine": result.min_cosine, "per_text": result.per_text, "retrieval": result.retrieval,
-               "diagnosis": result.diagnosis, "pooling": pooling, "normalize": sentence.normalize}
-    evidence = EmbeddingEvidence(reference=reference, candidate=embed, sentence=sentence, ids_equal=dict(ids_equal),
-                                 policy=policy, thresholds=thresholds, per_text=tuple(result.per_text),
-                                 blockers=tuple(result.blockers))
-    measured = RuntimeMeasurements("embedding", n_ctx, retrieval_top1=tuple(result.retrieval["candidate_top1"]),
-                                   evidence=RuntimeEvidence(texts=texts, embeddings=evidence))
-    return result.blockers, details, measured
+def crashed_blocker(exc: LlamaCrashedError, gate: Literal["runtime", "release"]) -> Blocker:
+    """A llama.cpp child that died is a NO-GO naming how: the same file would take a user's runtime down."""
+    return Blocker(code="runtime.crashed", gate=gate, why=str(exc))
 
 
-def _measure_logits(
-    texts: tuple[Text, ...], model: HFModel, candidate: LlamaCandidate, policy: Policy,
-    thresholds: RuntimeThresholds, n_ctx: int,
-) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
-    def llama_ids(text: str) -> list[int]:
-        return candidate.tokenize(text, add_special=True, parse_special=False)
-
-    tokenize, reference = Recorded(llama_ids), Recorded(model.logits, keep=1)
-    logits = Recorded(candidate.logits, keep=1)
-    result = check_logits(texts, tokenize, reference, logits, policy, thresholds)
-    first = result.per_text[0] if result.per_text else None
-    evidence = LogitsEvidence(tokenize=tokenize, reference=reference, candidate=logits, policy=policy,
-                              thresholds=thresholds)
-    measured = RuntimeMeasurements(
-        "causal-lm", n_ctx, logits_text=next((t.text for t in texts if first and t.label == first["label"]), None),
-        logits_top1=tuple(first["candidate_top1"]) if first else (),
-        evidence=RuntimeEvidence(texts=texts, logits=evidence),
-    )
-    return result.blockers, {"summary": result.summary, "per_text": result.per_text}, measured
-
-
-def _fail(started: float, blocker: Blocker, **details: Any) -> tuple[GateResult, list[Blocker], None]:
-    result = GateResult(name="runtime", status="failed", seconds=time.perf_counter() - started, details=details)
-    return result, [blocker], None
+def _fail(started: float, *blockers: Blocker) -> tuple[GateResult, list[Blocker], None]:
+    result = GateResult(name="runtime", status="failed", seconds=time.perf_counter() - started, details={})
+    return result, list(blockers), None
 
 
 def _not_run(started: float, why: str, details: dict[str, Any],
@@ -169,34 +129,31 @@ def nothing_measured(details: dict[str, Any]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Compared:
-    """The two sides gate 2 compares and what it compares them on."""
-
-    texts: tuple[Text, ...]
-    hf: HFTokenizer
-    model: HFModel
-    candidate: LlamaCandidate
-    n_ctx: int
-
-
-def _measure_kind(kind: ModelKind, sides: _Compared, sentence: SentenceConfig, default_ids_equal: dict[str, bool],
-                  policy: Policy, precision: PrecisionClass,
-                  details: dict[str, Any]) -> tuple[list[Blocker], RuntimeMeasurements]:
-    """Gate 2's comparison for the model's kind: relevance scores, embeddings or logits (into `details`)."""
-    thresholds = policy.thresholds(precision)
+def _measure(kind: ModelKind, sides: Sides, sentence: SentenceConfig, tokens_equal: dict[str, bool],
+             policy: Policy, classes: Sequence[Any], details: dict[str, Any]) -> tuple[list[Blocker],
+                                                                                     RuntimeMeasurements]:
+    """The kind's correctness comparison (into `details`), its quality measured alongside into `sides.gap`."""
     if kind == "reranker":
-        found, details["relevance"], (orders, scores) = measure_relevance(sides.hf, sides.model, sides.candidate,
-                                                                          policy.rerank[precision])
-        return found, RuntimeMeasurements("reranker", sides.n_ctx, rerank_orders=orders, rerank_scores=scores)
-    if kind == "embedding":
-        found, details["embeddings"], measured = _measure_embeddings(
-            sides.texts, sides.hf, sides.model, sides.candidate, sentence, default_ids_equal, policy, thresholds,
-            sides.n_ctx)
-        return found, measured
-    found, details["logits"], measured = _measure_logits(sides.texts, sides.model, sides.candidate, policy,
-                                                         thresholds, sides.n_ctx)
+        found, details["relevance"], measured = measure_reranker(sides, policy.rerank_thresholds(classes))
+    elif kind == "embedding":
+        found, details["embeddings"], measured = measure_embeddings(sides, sentence, tokens_equal, policy,
+                                                                    policy.thresholds(classes))
+    else:
+        found, details["logits"], measured = measure_logits(sides, policy, policy.thresholds(classes))
     return found, measured
+
+
+def _quality(sides: Sides, layout: GGUFLayout, policy: Policy, details: dict[str, Any]) -> list[Blocker]:
+    """The gap to the source per slice, and the policy's budget for the file's precision class on it."""
+    precision = precision_class(layout)
+    summary = sides.gap.summary()
+    budget = policy.quality[precision]
+    details["quality"] = {"against": "transformers on the source's own weights", "precision_class": precision,
+                          "budget": budget.model_dump(exclude_none=True), "slices": summary,
+                          "slice_budgets": {k: v.model_dump(exclude_none=True)
+                                            for k, v in policy.quality_slices.items()},
+                          "retrieval_top1_equal_to_source": sides.gap.retrieval_top1_equal}
+    return sides.gap.judge(summary, budget, policy.quality_slices)
 
 
 def run_runtime_gate(
@@ -204,7 +161,7 @@ def run_runtime_gate(
     layout: GGUFLayout,
     source: SourceModel,
     policy: Policy,
-    user_texts: tuple[str, ...] | None = None,
+    submitted: tuple[Text, ...] = (),
     requested_kind: str = "auto",
     progress: Progress = no_progress,
 ) -> tuple[GateResult, list[Blocker], RuntimeMeasurements | None]:
@@ -214,6 +171,8 @@ def run_runtime_gate(
     if kind is None:
         return _fail(started, Blocker(code="runtime.unknown_model_kind", gate="runtime",
                                       why="no sentence-transformers pooling and no *ForCausalLM architecture"))
+    if refused := refusal(layout, "runtime"):
+        return _fail(started, *refused)
     try:
         n_ctx = context_size(layout, policy)
     except CodedError as exc:
@@ -222,35 +181,49 @@ def run_runtime_gate(
     try:
         hf = HFTokenizer(source.root / "tokenizer.json")
         progress("runtime", 0, 3)
-        candidate = LlamaCandidate(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker")
+        candidate = LlamaProcess(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker")
     except ReferenceMissingError as exc:
         return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
     except CandidateLoadError as exc:
         return _fail(started, Blocker(code="runtime.load_failed", gate="runtime", why=str(exc)))
+    except LlamaCrashedError as exc:
+        return _fail(started, crashed_blocker(exc, "runtime"))
     except SourceError as exc:
         return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why))
     try:
-        texts, skipped = text_set(user_texts, hf, candidate, n_ctx)
+        texts, skipped = text_set(submitted, hf, candidate, n_ctx)
         if not texts:
             why = f"every text is longer than the context ({n_ctx} tokens): nothing was measured"
             return _not_run(started, why, {"kind": kind, "n_ctx": n_ctx, "texts": [], "skipped_texts": skipped}, [])
         hf_ids, llama_ids = Recorded(hf.encode), Recorded(candidate.tokenize)
         tokens = check_tokenizer(texts, hf_ids, llama_ids, hf.raw, dict(layout.metadata), policy.token_ids_exact)
+        details: dict[str, Any] = {}
+        blockers = list(tokens.blockers) + (check_chat_template(source, layout, candidate, details)
+                                            if kind == "causal-lm" else [])
         progress("runtime", 1, 3)
-        blockers = list(tokens.blockers)
-        precision = precision_class(layout)
-        thresholds = policy.thresholds(precision)
-        details: dict[str, Any] = {
-            "kind": kind, "n_ctx": n_ctx, "precision_class": precision, "type_mix": type_mix(layout),
-            "thresholds": thresholds.model_dump(), "texts": [t.label for t in texts], "skipped_texts": skipped,
+        classes = compute_classes(layout)
+        details.update({
+            "kind": kind, "n_ctx": n_ctx, "compute_classes": list(classes), "type_mix": type_mix(layout),
+            "thresholds": policy.thresholds(classes).model_dump(), "texts": [t.label for t in texts],
+            "slices": sorted({t.slice for t in texts}), "skipped_texts": skipped,
+            "probe_classes": [name for name in PROBE_CLASSES if f"probe-{name}" in {t.label for t in texts}],
             "not_covered": uncovered_inputs(texts), "tokenizer": tokens.details(),
-        }
-        model = HFModel(source.root, causal=kind == "causal-lm", classifier=kind == "reranker")
-        found, measured = _measure_kind(kind, _Compared(texts, hf, model, candidate, n_ctx), sentence,
-                                        tokens.default_ids_equal, policy, precision, details)
-        blockers.extend(locate_divergence(found, details, texts=texts, model=model, candidate=candidate,
+        })
+        if tokens.probe_divergences:
+            details["not_covered"].append(
+                f"probe texts {', '.join(tokens.probe_divergences)}: llama.cpp's {tokens.gguf_flags['model']} "
+                "tokenizer splits them unlike the HF normaliser, which no GGUF key governs (not a defect of this "
+                "file); their outputs are not compared")
+        measured_texts = tuple(t for t in texts if t.label not in set(tokens.probe_divergences))
+        correct, from_source, notes = references(artifact, layout, source, kind)
+        details["reference"] = {"correctness": "transformers on the artifact's own weights (dequantized, the "
+                                "converter's transforms undone)", "notes": notes}
+        sides = Sides(measured_texts, hf, correct, from_source, candidate, n_ctx)
+        found, measured = _measure(kind, sides, sentence, tokens.default_ids_equal, policy, classes, details)
+        blockers.extend(locate_divergence(found, details, texts=texts, model=correct, candidate=candidate,
                                           architecture=str(layout.metadata.get("general.architecture")),
-                                          precision=precision))
+                                          classes=classes))
+        blockers.extend(_quality(sides, layout, policy, details))
         progress("runtime", 3, 3)
         tokenizer = TokenizerEvidence(hf=hf_ids, llama=llama_ids, tokenizer_json=hf.raw,
                                       metadata=dict(layout.metadata), ids_exact=policy.token_ids_exact,
@@ -262,8 +235,12 @@ def run_runtime_gate(
             return _not_run(started, empty, details, blockers)
     except ReferenceMissingError as exc:
         return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
+    except LlamaCrashedError as exc:
+        return _fail(started, crashed_blocker(exc, "runtime"))
     except SourceError as exc:
         return _fail(started, Blocker(code=exc.code, gate="input", why=exc.why))
+    except CodedError as exc:
+        return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why))
     finally:
         candidate.close()
     status = "failed" if blockers else "passed"

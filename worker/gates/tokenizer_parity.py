@@ -18,6 +18,16 @@ from worker.texts import Text
 
 # (add_special, parse_special)
 COMBINATIONS: tuple[tuple[bool, bool], ...] = ((True, True), (True, False), (False, True), (False, False))
+# GGUF keys that change how llama.cpp splits or normalises text, per tokenizer model (llama-vocab.cpp). The
+# pre-tokenizer probe blocks where a key governs what it probes; llama.cpp's WordPiece path reads none (it
+# normalises by fixed rules and ignores tokenizer.ggml.pre), so a WordPiece model's probe divergences are a
+# property of llama.cpp's support for the family, reported with the texts that show them, never of one file.
+GOVERNING_KEYS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("tokenizer.ggml.pre",),
+    "llama": ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces"),
+    "t5": ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces",
+           "tokenizer.ggml.precompiled_charsmap"),
+}
 DEFAULT_COMBINATION = (True, False)  # what llama.cpp's embedding and completion paths use
 PROBE = "hello"
 
@@ -91,6 +101,7 @@ class TokenizerResult:
     gguf_flags: dict[str, Any]
     normalizer: list[str]
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    probe_divergences: list[str] = field(default_factory=list)  # probe texts that differ where no key governs
     diagnosis: str | None = None
     blockers: list[Blocker] = field(default_factory=list)
     default_ids_equal: dict[str, bool] = field(default_factory=dict)
@@ -176,6 +187,8 @@ def check_tokenizer(
     if template.suffix and (len(template.suffix) > 1 or (eos is not None and template.suffix[0] != eos)):
         block("tokenizer.template_token_mismatch", f"the template appends {list(template.suffix)}, but GGUF can "
               f"auto-append only its EOS token ({eos})")
+    governed = bool(GOVERNING_KEYS.get(str(flags["model"]), ()))
+    judged = tuple(text for text in texts if governed or not text.is_probe)
     for combination in COMBINATIONS:
         add_special, parse_special = combination
         matched = 0
@@ -183,10 +196,12 @@ def check_tokenizer(
             hf_ids = hf(text.text, add_special=add_special, parse_special=parse_special)
             llama_ids = llama(text.text, add_special=add_special, parse_special=parse_special)
             agree = ids_agree(hf_ids, llama_ids)
-            matched += agree
+            matched += agree or text not in judged
             if combination == DEFAULT_COMBINATION:
                 result.default_ids_equal[text.label] = agree
-                if not agree:
+                if not agree and text not in judged:
+                    result.probe_divergences.append(text.label)
+                elif not agree:
                     result.mismatches.append({
                         "label": text.label, "text": text.text, "hf_ids": hf_ids, "llama_ids": llama_ids,
                         "first_divergence": _first_divergence(hf_ids, llama_ids),
@@ -195,10 +210,28 @@ def check_tokenizer(
         if matched == len(texts):
             result.matching_combinations.append(_name(combination))
     suspects = tuple(f"{key}={_short(gguf_metadata[key])!r}" for key in BEHAVIOURAL if key in gguf_metadata)
-    result.diagnosis = diagnose(result.mismatches, texts, result.normalizer, suspects)
+    result.diagnosis = diagnose(result.mismatches, judged, result.normalizer, suspects)
     if not result.matching_combinations and ids_exact:
         for mismatch in result.mismatches or [{"label": "all", "text": None}]:
             block("tokenizer.ids_mismatch",
                   f"no flag combination matches on every text; {mismatch['label']!r} differs "
                   f"({result.diagnosis or 'other combinations differ'})", mismatch["text"])
+        result.blockers.extend(_pretokenizer_blockers(result.mismatches, texts, gguf_metadata))
     return result
+
+
+def _pretokenizer_blockers(mismatches: list[dict[str, Any]], texts: tuple[Text, ...],
+                           gguf_metadata: dict[str, Any]) -> list[Blocker]:
+    """In a BPE vocabulary (whose tokens and merges gate 1 compares), ids that differ are split differently
+    before the merges: the pre-tokenizer the GGUF names. One blocker per probe class that shows it."""
+    if gguf_metadata.get("tokenizer.ggml.model") != "gpt2" or not mismatches:
+        return []
+    failing = {m["label"] for m in mismatches}
+    named = f"tokenizer.ggml.pre = {_short(gguf_metadata.get('tokenizer.ggml.pre'))!r}"
+    probed = [t for t in texts if t.is_probe and t.label in failing]
+    return [Blocker(code="tokenizer.pretokenizer_mismatch", gate="runtime", key="tokenizer.ggml.pre", text=t.text,
+                    why=f"{named}: llama.cpp splits the {t.slice.removeprefix('probe:')!r} probe unlike the HF "
+                        "pre-tokenizer (vocabulary and merges are gate 1's; what is left is the pre-tokenizer)")
+            for t in probed] or [Blocker(code="tokenizer.pretokenizer_mismatch", gate="runtime",
+                                        key="tokenizer.ggml.pre",
+                                        why=f"{named}: ids differ on {sorted(failing)} in a BPE vocabulary")]

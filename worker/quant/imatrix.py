@@ -72,6 +72,16 @@ class ImportanceMatrix:
                                "such a matrix, so no file was quantized with it", name)
         return weights if len(shape) <= 2 else weights.reshape(n_mat, ne0)
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Gate 1's spawned pool pickles the matrix with its job: the read-only view cannot be pickled, so
+        it travels as a plain dict and is wrapped again on arrival."""
+        return _rebuilt, (self.format, dict(self.entries), self.datasets, self.chunk_count, self.chunk_size)
+
+
+def _rebuilt(form: str, entries: dict[str, np.ndarray], datasets: tuple[str, ...], chunk_count: int,
+             chunk_size: int) -> ImportanceMatrix:
+    return ImportanceMatrix(form, MappingProxyType(entries), datasets, chunk_count, chunk_size)
+
 
 def _finite(name: str, values: np.ndarray, what: str) -> np.ndarray:
     if not np.isfinite(values).all():

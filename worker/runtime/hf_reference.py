@@ -20,7 +20,7 @@ from worker.errors import ReferenceMissingError, SourceError
 from worker.formats.json_input import parse_json
 from worker.resources import cpu_budget, limit_native_threads
 from worker.runtime.sentence_config import Pooling
-from worker.runtime.streamed_model import streamed_model
+from worker.runtime.streamed_model import Checkpoint, streamed_model
 from worker.versions import package_version
 
 
@@ -76,13 +76,17 @@ def _size_thread_pools(torch: Any) -> None:
 class HFModel:
     """transformers on CPU; the same object serves embeddings (base model), logits (causal LM) or
     relevance scores (a sequence-classification head, `classifier=True`). `streamed=False` loads the
-    whole float32 model instead (the reference the streamed one is tested against)."""
+    whole float32 model instead (the reference the streamed one is tested against). `checkpoint` is
+    where the weights come from: the source's safetensors by default, or the artifact's own tensors
+    (`ArtifactCheckpoint`) for gate 2's correctness reference."""
 
-    def __init__(self, source_dir: Path, *, causal: bool, classifier: bool = False, streamed: bool = True) -> None:
+    def __init__(self, source_dir: Path, *, causal: bool, classifier: bool = False, streamed: bool = True,
+                 checkpoint: Checkpoint | None = None) -> None:
         self.source_dir = source_dir
         self.causal = causal
         self.classifier = classifier
         self.streamed = streamed
+        self.checkpoint = checkpoint
 
     @cached_property
     def model(self) -> Any:
@@ -95,8 +99,11 @@ class HFModel:
             AutoModelForCausalLM if self.causal else AutoModel)
         _size_thread_pools(torch)
         try:
-            model = streamed_model(loader, self.source_dir) if self.streamed else None
-            if model is None:
+            model = streamed_model(loader, self.source_dir, checkpoint=self.checkpoint) if self.streamed else None
+            if model is None and self.checkpoint is not None:
+                model = loader.from_pretrained(self.source_dir, dtype=torch.float32,
+                                               state_dict=self.checkpoint.read(self.checkpoint.names()))
+            elif model is None:
                 model = loader.from_pretrained(self.source_dir, dtype=torch.float32, use_safetensors=True)
         except ImportError as exc:
             raise ReferenceMissingError(f"transformers needs a package it cannot import: {exc}") from exc

@@ -1,5 +1,7 @@
-"""The candidate: the GGUF as an outside user runs it, through llama-cpp-python.
+"""The candidate: the GGUF as an outside user runs it, through llama-cpp-python, in this process.
 
+Only the llama.cpp child (`llama_child.py`) builds one: the gates talk to it through `LlamaProcess`
+(`llama_process.py`), so an abort or a segfault inside llama.cpp ends the child, not the verifier.
 `Llama.tokenize(text, add_bos=...)` passes that flag to llama.cpp as `add_special`, so
 `add_bos=False` also drops an automatic EOS; `special` is `parse_special`. Load failures are
 translated to `CandidateLoadError` here.
@@ -114,3 +116,75 @@ class LlamaCandidate:
     @property
     def n_embd(self) -> int:
         return int(self.llm.n_embd())
+
+    def vocab_facts(self) -> dict[str, Any]:
+        import llama_cpp
+
+        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        return {"bos": int(llama_cpp.llama_vocab_bos(vocab)), "eos": int(llama_cpp.llama_vocab_eos(vocab)),
+                "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(vocab))}
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool,
+                    source_dir: str) -> dict[str, Any]:
+        """One conversation's token ids as three runtimes make them (see worker/gates/chat_template.py):
+        llama.cpp's built-in template path, llama-cpp-python's Jinja formatter on the GGUF's template, and
+        transformers' `apply_chat_template` on the source's; each as ids or the error it raised. Here, in the
+        child, because a hostile template is hostile input too (the Jinja renderers are sandboxed; a
+        template that loops or grows without end meets the child's deadline and memory cap)."""
+        import ctypes
+
+        import llama_cpp
+
+        template = llama_cpp.llama_model_chat_template(self.llm.model, None)
+        chat = (llama_cpp.llama_chat_message * len(messages))(*[
+            llama_cpp.llama_chat_message(role=m["role"].encode(), content=m["content"].encode()) for m in messages])
+        out: dict[str, Any] = {"gguf_has_template": template is not None}
+        size = llama_cpp.llama_chat_apply_template(template, chat, len(messages), add_generation_prompt, None, 0)
+        if size < 0:
+            out["builtin"] = {"error": "llama.cpp has no built-in template that recognises the GGUF's"}
+        else:
+            buffer = ctypes.create_string_buffer(size + 1)
+            llama_cpp.llama_chat_apply_template(template, chat, len(messages), add_generation_prompt, buffer, size + 1)
+            prompt = buffer.raw[:size].decode("utf-8", errors="replace")
+            out["builtin"] = {"ids": self.tokenize(prompt, add_special=True, parse_special=True)}
+        out["jinja"] = self._jinja(template, messages, add_generation_prompt)
+        out["hf"] = _hf_chat(source_dir, messages, add_generation_prompt)
+        return out
+
+    def _jinja(self, template: bytes | None, messages: list[dict[str, str]],
+               add_generation_prompt: bool) -> dict[str, Any]:
+        """llama-cpp-python's chat formatter, tokenized as its chat completion does (the template is trusted
+        to write its own BOS: no automatic one)."""
+        if template is None:
+            return {"error": "the GGUF has no chat template"}
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        vocab = self.llm._model
+        try:
+            formatter = Jinja2ChatFormatter(template.decode("utf-8", errors="replace"),
+                                            eos_token=vocab.token_get_text(self.llm.token_eos()),
+                                            bos_token=vocab.token_get_text(self.llm.token_bos()),
+                                            add_generation_prompt=add_generation_prompt)
+            prompt = formatter(messages=messages).prompt
+        except Exception as exc:  # a template error is an answer here, not a crash of the child
+            return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        return {"ids": self.tokenize(prompt, add_special=False, parse_special=True)}
+
+    def trace_layers(self, architecture: str, ids: list[int]) -> np.ndarray:
+        """Every layer's output for `ids`, [n_layer, n_tokens, n_embd] (see layer_trace.py)."""
+        from worker.runtime.layer_trace import trace_layers
+
+        return trace_layers(self.llm.model, architecture, ids)
+
+
+def _hf_chat(source_dir: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> dict[str, Any]:
+    """transformers' `apply_chat_template` with the source's tokenizer, its ids as transformers tokenizes them."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source_dir)
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # the template may refuse a conversation (a role it does not support)
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    return {"ids": [int(i) for i in ids]}

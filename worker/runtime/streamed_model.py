@@ -1,29 +1,35 @@
 """Gate 2's Hugging Face reference in bounded memory: the model is built with its parameters on the
-meta device and each module's weights are read from the memory-mapped safetensors, cast to float32,
-just before the module runs, then dropped right after it returns.
+meta device and each module's weights are read from a checkpoint, cast to float32, just before the
+module runs, then dropped right after it returns.
 
 Why: `from_pretrained(dtype=float32)` holds the whole float32 model (4 bytes per parameter, plus a
 private float32 copy of a BF16 source) beside llama.cpp's mapping, so a 7B model does not fit a pod.
-Streamed, the peak is the process baseline plus the largest module's float32 weights (and the source
-bytes read for them) plus the activations of one text; what the model keeps between modules is only
-its buffers (rotary `inv_freq`, position ids), built on the CPU exactly as `from_pretrained` builds them.
+Streamed, the peak is the process baseline plus the largest module's float32 weights (and the bytes
+read for them) plus the activations of one text; what the model keeps between modules is only its
+buffers (rotary `inv_freq`, position ids), built on the CPU as the model's constructor builds them.
 
-Numerics are those of `from_pretrained`: the same class built from the same config by the same
-`init_empty_weights` context, the same key renaming (`_get_key_renaming_mapping`, which strips or adds
-the base-model prefix and renames LayerNorm gamma/beta), the same tie rule (a tied parameter reads
-the first name of its group the checkpoint holds, the input embedding), the same cast (a float32
-tensor stays a view of the file's mapping, as from_pretrained leaves it), and the model reports the
-CPU as its device, as a whole CPU model does (ModernBERT branches on it). A source
-this cannot cover bit for bit (a parameter the checkpoint lacks, which transformers would initialise
-at random; a non-safetensors checkpoint) gets `None` and the caller loads the whole model as before.
+Numerics are those of `from_pretrained` under transformers 5: the same class built from the same config
+with weight initialisation off, and every checkpoint tensor brought into the model by transformers' own
+loader (`convert_and_load_state_dict_in_model`, with the model's own conversion mapping: renamings such
+as LayerNorm gamma/beta, and converters such as a mixture-of-experts layer's per-expert matrices fused
+into one parameter), one module's keys at a time. A tied parameter (an output head tied to the input
+embedding) reads what its tie source reads. The model reports the CPU as its device, as a whole CPU
+model does (ModernBERT branches on it).
+
+The checkpoint is pluggable (`Checkpoint`): the source's safetensors, or the artifact's own tensors
+dequantized with the converter's transforms undone (`worker/runtime/artifact_weights.py`), so the same
+code gives gate 2 both of its references. A source this cannot cover (a parameter no checkpoint key
+feeds, which transformers would initialise at random; no safetensors at all) gets `None` and the
+caller loads the whole model instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from worker.formats.json_input import parse_json
 
@@ -31,7 +37,19 @@ SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
 # A model whose float32 weights fit in this is kept once read (WeightStream); a larger one is streamed
 # throughout. Every test fixture fits, so their gate 2 costs what it did. Part of the README's bound.
-RESIDENT_BYTES = 256 * 2**20
+RESIDENT_BYTES = 1 << 30
+
+
+class Checkpoint(Protocol):
+    """Named tensors a reference model is loaded from, read a few at a time."""
+
+    def names(self) -> list[str]: ...
+
+    def shape(self, key: str) -> tuple[int, ...]: ...
+
+    def read(self, keys: Sequence[str]) -> dict[str, Any]:
+        """The tensors, floating point ones as float32 (integer buffers keep their type)."""
+        ...
 
 
 def checkpoint_index(source_dir: Path) -> dict[str, Path] | None:
@@ -54,16 +72,75 @@ def checkpoint_index(source_dir: Path) -> dict[str, Path] | None:
         return dict.fromkeys(handle.keys(), single)
 
 
+class SafetensorsCheckpoint:
+    """The source's safetensors. Each file is opened for one read only: once the handle is closed the
+    mapping lives only as long as the tensors, so the file-backed pages counted in the process RSS are
+    released with the module's weights. A float32 tensor stays a view of the file's private mapping, as
+    from_pretrained leaves it (no copy); another dtype is cast into a new float32 tensor."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def names(self) -> list[str]:
+        return list(self.files)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[key]), framework="pt") as handle:
+            return tuple(handle.get_slice(key).get_shape())
+
+    def read(self, keys: Sequence[str]) -> dict[str, Any]:
+        import torch
+        from safetensors import safe_open
+
+        out: dict[str, Any] = {}
+        with ExitStack() as stack:
+            handles: dict[Path, Any] = {}
+            for key in keys:
+                if self.files[key] not in handles:
+                    handles[self.files[key]] = stack.enter_context(safe_open(str(self.files[key]), framework="pt"))
+                tensor = handles[self.files[key]].get_tensor(key)
+                out[key] = tensor.to(torch.float32) if tensor.is_floating_point() else tensor
+        return out
+
+
+def source_checkpoint(source_dir: Path) -> SafetensorsCheckpoint | None:
+    files = checkpoint_index(source_dir)
+    return None if files is None else SafetensorsCheckpoint(files)
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Parameters are created on the meta device (no memory), buffers where the constructor puts them."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: Any, name: str, parameter: Any) -> None:
+        register(module, name, parameter)
+        if parameter is not None:
+            placed = module._parameters[name]
+            module._parameters[name] = type(placed)(placed.to("meta"), requires_grad=placed.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
 def build_on_meta(loader: Any, source_dir: Path) -> Any:
-    """The class `loader.from_pretrained` would build, from the same config, under the same contexts:
-    parameters on the meta device (no memory), buffers computed on the CPU, no weight initialisation."""
+    """The class `loader.from_pretrained` would build, from the same config: parameters on the meta device,
+    buffers computed on the CPU, no weight initialisation, ties made."""
     import torch
     from transformers import AutoConfig
-    from transformers.integrations.accelerate import init_empty_weights
-    from transformers.modeling_utils import no_init_weights
+    from transformers.initialization import no_init_weights
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # the loader draws a bar per call; it is called per module
     config = AutoConfig.from_pretrained(source_dir)
-    with no_init_weights(), init_empty_weights(include_buffers=False):
+    with no_init_weights(), _parameters_on_meta():
         model = loader.from_config(config, dtype=torch.float32)
     model.tie_weights()
     return model.eval()
@@ -84,88 +161,112 @@ def report_cpu_device(model: Any) -> None:
             module.__class__ = type(cls.__name__, (cls,), {"device": cpu, "__module__": cls.__module__})
 
 
-def renamed_keys(model: Any, checkpoint_keys: list[str]) -> dict[str, str]:
-    """Model state-dict name -> checkpoint key, by transformers' own renaming (see module docstring)."""
-    prefix = model.base_model_prefix
-    has_prefix_module = bool(prefix) and any(key.startswith(prefix) for key in checkpoint_keys)
-    expects_prefix_module = bool(prefix) and hasattr(model, prefix)
-    mapping = model._get_key_renaming_mapping(
-        checkpoint_keys, None,
-        loading_base_model_from_task_state_dict=has_prefix_module and not expects_prefix_module,
-        loading_task_model_from_base_state_dict=not has_prefix_module and expects_prefix_module)
-    return {model_key: checkpoint_key for checkpoint_key, model_key in mapping.items()}
+class Loading:
+    """transformers' own loader pointed at one checkpoint: which keys feed which model tensor, and the call
+    that brings a handful of keys into the model (renamed and converted as from_pretrained does).
+
+    Most tensors are one checkpoint key renamed: those are cast to float32 and set directly, which is what
+    the loader does with them (`_materialize_copy` then `set_param_for_module`), without its per-call scan
+    of the whole model (measured: 60% of a streamed forward). Tensors a converter builds from several keys
+    (fused experts) go through the loader itself."""
+
+    def __init__(self, model: Any, checkpoint: Checkpoint) -> None:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        self.model = model
+        self.checkpoint = checkpoint
+        self.mapping = get_model_conversion_mapping(model)
+        renamings = [m for m in self.mapping if isinstance(m, WeightRenaming)]
+        converters = [m for m in self.mapping if isinstance(m, WeightConverter)]
+        meta_state = model.state_dict()
+        self.feeds: dict[str, list[str]] = {}  # model tensor name -> the checkpoint keys it is made of
+        self.target: dict[str, str] = {}  # checkpoint key -> the model tensor it feeds
+        self.converted: set[str] = set()  # model tensors a converter builds
+        for key in checkpoint.names():
+            target, pattern = rename_source_key(key, renamings, converters, model.base_model_prefix, meta_state)
+            if target not in meta_state and key in meta_state:
+                target, pattern = key, None
+            self.feeds.setdefault(target, []).append(key)
+            self.target[key] = target
+            if pattern is not None:
+                self.converted.add(target)
+        self.buffers = {name for name, _ in model.named_buffers()}
+
+    def load(self, keys: Sequence[str]) -> set[str]:
+        """Bring `keys` into the model and return the model tensors they set; a tensor the model expects in
+        another shape is an error, as in from_pretrained."""
+        import torch
+        from transformers.core_model_loading import convert_and_load_state_dict_in_model
+        from transformers.modeling_utils import LoadStateDictConfig
+
+        plain = [key for key in keys if self.target[key] not in self.converted]
+        fused = [key for key in keys if self.target[key] in self.converted]
+        for key, tensor in self.checkpoint.read(plain).items():
+            name = self.target[key]
+            owner, _, local = name.rpartition(".")
+            module = self.model.get_submodule(owner)
+            if name in self.buffers:
+                module._buffers[local] = tensor
+                continue
+            expected = tuple(module._parameters[local].shape)
+            if tuple(tensor.shape) != expected:
+                raise ValueError(f"size mismatch for {key}: the checkpoint has {tuple(tensor.shape)}, the model "
+                                 f"expects {expected}")
+            module._parameters[local] = torch.nn.Parameter(tensor, requires_grad=False)
+        if fused:
+            config = LoadStateDictConfig(dtype=torch.float32, weight_mapping=self.mapping)  # type: ignore[arg-type]
+            info, _ = convert_and_load_state_dict_in_model(self.model, self.checkpoint.read(fused), config)
+            if info.mismatched_keys or info.conversion_errors:
+                found = sorted(info.mismatched_keys) or sorted(info.conversion_errors)
+                raise ValueError(f"size mismatch for {found[:3]}: the checkpoint's tensors do not fit the model")
+        return {self.target[key] for key in keys}
 
 
-def parameter_sources(model: Any, available: dict[str, str]) -> dict[str, str] | None:
-    """Every parameter name (tied names included) -> the checkpoint key it is read from; a tied group
-    reads the first of its names the checkpoint holds, in module order (the input embedding), as
-    `tie_weights` after loading leaves it. None when a parameter is in no checkpoint key."""
-    groups: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(parameter), []).append(name)
-    sources: dict[str, str] = {}
-    for names in groups.values():
-        found = next((available[name] for name in names if name in available), None)
-        if found is None:
+def parameter_sources(model: Any, loading: Loading) -> dict[str, list[str]] | None:
+    """Every parameter name (tied names included) -> the checkpoint keys it is read from; a tied parameter
+    reads what its tie source reads. None when a parameter is fed by no checkpoint key."""
+    tied = dict(getattr(model, "all_tied_weights_keys", {}) or {})
+    sources: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters(remove_duplicate=False):
+        keys = loading.feeds.get(name) or loading.feeds.get(tied.get(name, ""))
+        if not keys:
             return None
-        sources.update(dict.fromkeys(names, found))
+        sources[name] = keys
     return sources
 
 
-def read_tensors(files: dict[str, Path], keys: list[str]) -> dict[str, Any]:
-    """The given checkpoint tensors, floating point ones cast to float32 as `from_pretrained(dtype=
-    float32)` casts them (integer buffers keep their type). A float32 tensor stays a view of the file's
-    private mapping, as from_pretrained leaves it (no copy; the same addresses' alignment); another
-    dtype is cast into a new float32 tensor. Each file is opened for this read only: once the handle
-    is closed the mapping lives only as long as the views, so the file-backed pages counted in the
-    process RSS are released with the module's weights."""
-    import torch
-    from safetensors import safe_open
-
-    out: dict[str, Any] = {}
-    with ExitStack() as stack:
-        handles: dict[Path, Any] = {}
-        for key in keys:
-            if files[key] not in handles:
-                handles[files[key]] = stack.enter_context(safe_open(str(files[key]), framework="pt"))
-            tensor = handles[files[key]].get_tensor(key)
-            out[key] = tensor.to(torch.float32) if tensor.is_floating_point() else tensor
-    return out
+def check_shapes(loading: Loading, sources: dict[str, list[str]]) -> None:
+    """Refuse a checkpoint whose tensor shapes differ from the model's, as `from_pretrained` does (streamed,
+    the mismatch would otherwise surface mid-forward). Tensors made of several keys (fused experts) are
+    checked by the loader when they are built."""
+    for name, parameter in loading.model.named_parameters(remove_duplicate=False):
+        keys = sources[name]
+        if len(keys) == 1 and loading.feeds.get(name) == keys:
+            found = loading.checkpoint.shape(keys[0])
+            if found != tuple(parameter.shape):
+                raise ValueError(f"size mismatch for {keys[0]}: the checkpoint has {found}, the model expects "
+                                 f"{tuple(parameter.shape)}")
 
 
-def check_shapes(model: Any, files: dict[str, Path], sources: dict[str, str]) -> None:
-    """Refuse a checkpoint whose tensor shapes differ from the model's, as `from_pretrained` does
-    (streamed, the mismatch would otherwise surface mid-forward as a shape error)."""
-    from safetensors import safe_open
-
-    expected = {sources[name]: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
-    for path in sorted(set(files[key] for key in expected)):
-        with safe_open(str(path), framework="pt") as handle:
-            for key, shape in expected.items():
-                if files[key] == path and tuple(handle.get_slice(key).get_shape()) != shape:
-                    found = tuple(handle.get_slice(key).get_shape())
-                    raise ValueError(f"size mismatch for {key}: the checkpoint has {found}, the model expects {shape}")
-
-
-def load_persistent_buffers(model: Any, files: dict[str, Path], available: dict[str, str]) -> None:
+def load_persistent_buffers(loading: Loading) -> None:
     """Buffers saved in the checkpoint are loaded once and kept (they are small: position ids and the
     like); buffers absent from it keep the values the model computed at construction, as with
     `from_pretrained`."""
-    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    wanted = {name: available[name] for name in model.state_dict(keep_vars=True)
-              if name not in parameters and name in available}
-    tensors = read_tensors(files, sorted(set(wanted.values())))
-    for name, key in wanted.items():
-        owner_name, _, local = name.rpartition(".")
-        model.get_submodule(owner_name)._buffers[local] = tensors[key]
+    loading.load(sorted({key for name, keys in loading.feeds.items() if name in loading.buffers for key in keys}))
 
 
 def modules_with_parameters(model: Any) -> Iterator[tuple[str, Any]]:
-    """Modules owning parameters directly (Linear, Embedding, norms): the units materialized one at a
-    time, so the peak is one such module, never a whole block's worth at once."""
+    """Modules owning parameters directly (Linear, Embedding, norms, fused expert stacks): the units
+    materialized one at a time, so the peak is one such module, never a whole block's worth at once."""
     for name, module in model.named_modules():
         if any(True for _ in module.parameters(recurse=False)):
             yield name, module
+
+
+def _set(model: Any, name: str, parameter: Any) -> None:
+    owner, _, local = name.rpartition(".")
+    model.get_submodule(owner)._parameters[local] = parameter
 
 
 class WeightStream:
@@ -176,58 +277,66 @@ class WeightStream:
     buys nothing on a model far smaller than the pod (every test fixture). It is all or nothing: kept
     modules interleaved with streamed ones would fragment the heap (measured: +150 MiB on 0.8 GB)."""
 
-    def __init__(self, files: dict[str, Path], sources: dict[str, str], *, keep: bool) -> None:
-        self.files = files
+    def __init__(self, loading: Loading, sources: dict[str, list[str]], *, keep: bool) -> None:
+        self.loading = loading
         self.sources = sources
         self.keep = keep
         self.resident: set[int] = set()
+        self.placeholders = dict(loading.model.named_parameters(remove_duplicate=False))
+        self.tied = dict(getattr(loading.model, "all_tied_weights_keys", {}) or {})
 
     def attach(self, model: Any) -> None:
         for module_name, module in modules_with_parameters(model):
-            placeholders = dict(module.named_parameters(recurse=False))
-            keys = {local: self.sources[f"{module_name}.{local}" if module_name else local] for local in placeholders}
-            module.register_forward_pre_hook(self._loader(keys))
-            module.register_forward_hook(self._releaser(placeholders))
+            names = [f"{module_name}.{local}" if module_name else local
+                     for local, _ in module.named_parameters(recurse=False)]
+            module.register_forward_pre_hook(self._loader(names))
+            module.register_forward_hook(self._releaser())
 
-    def _loader(self, keys: dict[str, str]) -> Any:
+    def _loader(self, names: list[str]) -> Any:
         def load(module: Any, _args: Any) -> None:
-            import torch
-
             if id(module) in self.resident:
                 return
-            tensors = read_tensors(self.files, sorted(set(keys.values())))
-            for local, key in keys.items():
-                module._parameters[local] = torch.nn.Parameter(tensors[key], requires_grad=False)
+            loaded = self.loading.load(sorted({key for name in names for key in self.sources[name]}))
+            model = self.loading.model
+            for name in names:  # a tied parameter takes the tensor its tie source was just given
+                if name not in loaded and name in self.tied:
+                    _set(model, name, model.get_parameter(self.tied[name]))
+                    loaded.add(name)
+            module._convgate_loaded = loaded
             if self.keep:
                 self.resident.add(id(module))
         return load
 
-    def _releaser(self, placeholders: dict[str, Any]) -> Any:
+    def _releaser(self) -> Any:
         def release(module: Any, _args: Any, _output: Any) -> None:
-            if id(module) not in self.resident:
-                module._parameters.update(placeholders)
+            if id(module) in self.resident:
+                return
+            for name in getattr(module, "_convgate_loaded", ()):
+                _set(self.loading.model, name, self.placeholders[name])
+            module._convgate_loaded = set()
         return release
 
 
-def streamed_model(loader: Any, source_dir: Path, resident_bytes: int | None = None) -> Any | None:
-    """The model `loader.from_pretrained(source_dir, dtype=float32)` would give, with its weights
-    streamed from the safetensors module by module, or kept once read when all of it fits in
-    `resident_bytes` (default RESIDENT_BYTES); None when the source cannot be streamed bit for bit (see
+def streamed_model(loader: Any, source_dir: Path, resident_bytes: int | None = None,
+                   checkpoint: Checkpoint | None = None) -> Any | None:
+    """The model `loader.from_pretrained(source_dir, dtype=float32)` would give, with its weights streamed
+    from `checkpoint` (default: the source's safetensors) module by module, or kept once read when all of
+    it fits in `resident_bytes` (default RESIDENT_BYTES); None when the source cannot be streamed (see
     module docstring) and the caller should load it whole."""
-    files = checkpoint_index(source_dir)
-    if files is None:
+    checkpoint = checkpoint or source_checkpoint(source_dir)
+    if checkpoint is None:
         return None
     model = build_on_meta(loader, source_dir)
-    available = renamed_keys(model, list(files))
-    sources = parameter_sources(model, available)
+    loading = Loading(model, checkpoint)
+    sources = parameter_sources(model, loading)
     if sources is None:
         return None
-    check_shapes(model, files, sources)
-    load_persistent_buffers(model, files, available)
+    check_shapes(loading, sources)
+    load_persistent_buffers(loading)
     report_cpu_device(model)
     float32_bytes = 4 * sum(p.numel() for p in model.parameters())
     cap = RESIDENT_BYTES if resident_bytes is None else resident_bytes
-    WeightStream(files, sources, keep=float32_bytes <= cap).attach(model)
+    WeightStream(loading, sources, keep=float32_bytes <= cap).attach(model)
     return model
 
 

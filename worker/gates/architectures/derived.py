@@ -69,13 +69,15 @@ class DerivedTensor:
 
     `parts` are stacked in order (their rows concatenated); `rows` keeps a slice of a single part's
     rows; `values` maps widened float32 rows to what the converter stores (applied after widening,
-    so it must reproduce the converter's arithmetic at the source's precision)."""
+    so it must reproduce the converter's arithmetic at the source's precision) and `inverse` maps
+    stored values back to what the source model computes with (gate 2's artifact-weights reference)."""
 
     name: str
     parts: tuple[SourceTensor, ...]
     shape: tuple[int, ...]
     rows: slice | None = None
     values: Callable[[np.ndarray], np.ndarray] | None = None
+    inverse: Callable[[np.ndarray], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if len({(p.dtype, p.shape[-1]) for p in self.parts}) != 1:
@@ -96,6 +98,27 @@ class DerivedTensor:
     def widen(self, chunk: np.ndarray) -> np.ndarray:
         values = self.parts[0].widen(chunk)
         return values if self.values is None else np.ascontiguousarray(self.values(values), dtype=np.float32)
+
+    def undo(self, stored: np.ndarray) -> dict[str, np.ndarray]:
+        """The source tensors the stored values stand for (float32, source shapes): the stack split back
+        into its parts, a row slice put back among the source's other rows (which the file does not hold and
+        llama.cpp never reads), a value change reversed."""
+        rows = stored.reshape(-1, self.shape[-1] if self.shape else 1)
+        if self.values is not None:
+            if self.inverse is None:
+                raise ValueError(f"{self.name}: the stored values cannot be mapped back to the source's")
+            rows = np.ascontiguousarray(self.inverse(rows), dtype=np.float32)
+        if self.rows is not None:
+            (part,) = self.parts
+            whole = part.widen(np.asarray(part.as_rows()[:]))
+            whole[self.rows] = rows
+            return {part.name: whole.reshape(part.shape)}
+        out, start = {}, 0
+        for part in self.parts:
+            count = int(np.prod(part.shape[:-1])) if len(part.shape) > 1 else 1
+            out[part.name] = rows[start:start + count].reshape(part.shape)
+            start += count
+        return out
 
 
 @dataclass(frozen=True)
@@ -130,12 +153,12 @@ def row_slice(gguf_name: str, source_name: str, rows: slice, description: str) -
     return Derivation(gguf_name, (source_name,), description, build)
 
 
-def value_map(gguf_name: str, source_name: str, description: str,
-              values: Callable[[np.ndarray], np.ndarray]) -> Derivation:
+def value_map(gguf_name: str, source_name: str, description: str, values: Callable[[np.ndarray], np.ndarray],
+              inverse: Callable[[np.ndarray], np.ndarray]) -> Derivation:
     """A source tensor stored after an elementwise change (e.g. Gemma's norm weights as 1 + w)."""
 
     def build(parts: Sequence[SourceTensor]) -> DerivedTensor:
         (part,) = parts
-        return DerivedTensor(part.name, (part,), part.shape, values=values)
+        return DerivedTensor(part.name, (part,), part.shape, values=values, inverse=inverse)
 
     return Derivation(gguf_name, (source_name,), description, build)

@@ -33,7 +33,10 @@ def _plus_one_in(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
 def norm_offset(gguf_name: str, source_name: str) -> Derivation:
     def build(parts: Sequence[SourceTensor]) -> DerivedTensor:
         (part,) = parts
-        return DerivedTensor(part.name, (part,), part.shape, values=_plus_one_in(part.dtype))
+        # float32 (stored - 1) is exact for the norms' stored range, so the reference's own 1 + w gives back
+        # exactly the multiplier llama.cpp reads
+        return DerivedTensor(part.name, (part,), part.shape, values=_plus_one_in(part.dtype),
+                             inverse=lambda stored: stored - np.float32(1))
 
     return Derivation(gguf_name, (source_name,), NORM_OFFSET, build)
 

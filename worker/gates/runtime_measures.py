@@ -1,0 +1,118 @@
+"""Gate 2's numbers for each kind of model, against both references at once.
+
+`correct` is transformers running the artifact's own weights (the compute path is all that may differ:
+held to `RuntimeThresholds`); `source` is transformers on the source's weights (the quantization cost:
+measured into a `SourceGap`, budgeted by the policy). llama.cpp answers each question once; both
+comparisons read the same answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from worker.blockers import Blocker
+from worker.gates.embedding_parity import check_embeddings, compare_vectors, retrieval_top1
+from worker.gates.logits_parity import check_logits
+from worker.gates.quality import SourceGap, position_stats
+from worker.gates.relevance_parity import RERANK_SET, document_order, measure_relevance
+from worker.gates.runtime_evidence import EmbeddingEvidence, LogitsEvidence, Recorded, RuntimeEvidence
+from worker.policy import Policy
+from worker.rerank_thresholds import RerankThresholds
+from worker.runtime.hf_reference import HFModel, HFTokenizer
+from worker.runtime.llama_process import LlamaProcess
+from worker.runtime.sentence_config import SentenceConfig
+from worker.texts import Text
+from worker.thresholds import RuntimeThresholds
+
+ModelKind = Literal["embedding", "causal-lm", "reranker"]
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeMeasurements:
+    """What gate 2 measured on the candidate, for gate 3 to re-measure on the released file."""
+
+    kind: ModelKind
+    n_ctx: int
+    retrieval_top1: tuple[int, ...] = ()
+    logits_text: str | None = None
+    logits_top1: tuple[int, ...] = ()
+    rerank_orders: tuple[tuple[int, ...], ...] = ()
+    rerank_scores: tuple[tuple[float, ...], ...] = ()
+    evidence: RuntimeEvidence | None = None  # what the negative controls replay
+
+
+@dataclass(frozen=True)
+class Sides:
+    """What gate 2 compares: llama.cpp, and transformers on the artifact's weights and on the source's."""
+
+    texts: tuple[Text, ...]
+    hf: HFTokenizer
+    correct: HFModel
+    source: HFModel
+    candidate: LlamaProcess
+    n_ctx: int
+    gap: SourceGap = field(default_factory=SourceGap)
+
+
+def measure_embeddings(sides: Sides, sentence: SentenceConfig, ids_equal: dict[str, bool], policy: Policy,
+                       thresholds: RuntimeThresholds) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
+    pooling = sentence.pooling or "mean"
+
+    def embedder(model: HFModel) -> Any:
+        return lambda text: model.embed(sides.hf.encode(text, add_special=True, parse_special=False), pooling)
+
+    reference, embed = Recorded(embedder(sides.correct)), Recorded(sides.candidate.embed)
+    result = check_embeddings(sides.texts, reference, embed, sentence, ids_equal, policy, thresholds)
+    from_source = Recorded(embedder(sides.source))
+    for text in sides.texts:
+        if np.all(np.isfinite(candidate := embed.replay(text.text))):
+            sides.gap.add_cosine(text, compare_vectors(from_source(text.text), candidate, sentence.normalize)["cosine"])
+    source_top1 = retrieval_top1(from_source, sentence.prompts)
+    sides.gap.retrieval_top1_equal = list(source_top1) == list(result.retrieval["candidate_top1"])
+    details = {"min_cosine": result.min_cosine, "per_text": result.per_text, "retrieval": result.retrieval,
+               "diagnosis": result.diagnosis, "pooling": pooling, "normalize": sentence.normalize,
+               "source_top1": source_top1}
+    evidence = EmbeddingEvidence(reference=reference, candidate=embed, sentence=sentence, ids_equal=dict(ids_equal),
+                                 policy=policy, thresholds=thresholds, per_text=tuple(result.per_text),
+                                 blockers=tuple(result.blockers))
+    measured = RuntimeMeasurements("embedding", sides.n_ctx, retrieval_top1=tuple(result.retrieval["candidate_top1"]),
+                                   evidence=RuntimeEvidence(texts=sides.texts, embeddings=evidence))
+    return result.blockers, details, measured
+
+
+def measure_logits(sides: Sides, policy: Policy,
+                   thresholds: RuntimeThresholds) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
+    def llama_ids(text: str) -> list[int]:
+        return sides.candidate.tokenize(text, add_special=True, parse_special=False)
+
+    def against_source(text: Text, ids: list[int], candidate: np.ndarray) -> None:
+        sides.gap.add_logits(text, position_stats(sides.source.logits(ids), candidate, ids))
+
+    tokenize, reference = Recorded(llama_ids), Recorded(sides.correct.logits, keep=1)
+    logits = Recorded(sides.candidate.logits, keep=1)
+    result = check_logits(sides.texts, tokenize, reference, logits, policy, thresholds, observe=against_source)
+    first = result.per_text[0] if result.per_text else None
+    evidence = LogitsEvidence(tokenize=tokenize, reference=reference, candidate=logits, policy=policy,
+                              thresholds=thresholds)
+    measured = RuntimeMeasurements(
+        "causal-lm", sides.n_ctx,
+        logits_text=next((t.text for t in sides.texts if first and t.label == first["label"]), None),
+        logits_top1=tuple(first["candidate_top1"]) if first else (),
+        evidence=RuntimeEvidence(texts=sides.texts, logits=evidence),
+    )
+    return result.blockers, {"summary": result.summary, "per_text": result.per_text}, measured
+
+
+def measure_reranker(sides: Sides,
+                     thresholds: RerankThresholds) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
+    found, details, (orders, scores) = measure_relevance(sides.hf, sides.correct, sides.candidate, thresholds)
+    gap = []
+    for query, order, candidate in zip(RERANK_SET, orders, scores, strict=True):
+        source = [float(sides.source.logits(sides.hf.encode_pair(query.query, d))[0]) for d in query.documents]
+        gap.append({"query": query.label, "max_abs_diff": float(np.max(np.abs(np.subtract(source, candidate)))),
+                    "source_order": document_order(source), "order_equal": document_order(source) == list(order)})
+    details["source_gap"] = gap
+    return found, details, RuntimeMeasurements("reranker", sides.n_ctx, rerank_orders=orders, rerank_scores=scores)

@@ -1,0 +1,100 @@
+"""The artifact's own weights under the source's names: gate 2's correctness reference reads these.
+
+Why: held against the source's weights, llama.cpp's output differs by two things at once, the
+quantization a file was made with and llama.cpp's own arithmetic. The first is the price of a
+quantized release (a trained causal LM at Q4_K_M moves its next-token distribution by a KL of ~0.1),
+the second is what a verifier must hold to a tight bound. Giving transformers the artifact's stored
+values, dequantized and with every converter transform undone, leaves llama.cpp's compute path as the
+only difference; the gap to the source is measured apart (`worker/gates/quality.py`).
+
+Each source checkpoint key is read from the GGUF tensor gate 1's inventory pairs it with: the stored
+bytes dequantized by gguf-py (the reader gate 1 cross-checks against libggml), then a row reorder undone
+(llama's Q/K head permutation), a stack split back into its parts (mixture-of-experts), a row slice put
+back (XLM-RoBERTa's position embeddings) or a value change reversed (Gemma's 1 + w). A key the GGUF
+leaves out with a stated reason (a tied head, an unused pooler) is read from the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from worker.formats.gguf_structure import GGUFLayout, TensorInfo
+from worker.gates.architectures import RowTransform
+from worker.gates.architectures.derived import DerivedTensor
+from worker.gates.inventory import Pairing
+from worker.quant import reference
+from worker.runtime.streamed_model import SafetensorsCheckpoint
+
+
+def stored_values(file_bytes: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """One tensor's stored values as float32, in row-major (numpy) shape."""
+    raw = np.asarray(file_bytes[info.offset:info.offset + info.nbytes])
+    name = info.ggml_type.name
+    if name == "F32":
+        values = raw.view("<f4").astype(np.float32)
+    elif name == "F16":
+        values = raw.view("<f2").astype(np.float32)
+    elif name == "BF16":
+        values = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        rows = info.n_elements // info.shape[0]
+        values = reference.dequantize(raw.reshape(rows, -1), info.ggml_type)
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(info.numpy_shape)
+
+
+def _unpermuted(rows: np.ndarray, transform: RowTransform | None) -> np.ndarray:
+    """GGUF row i holds source row `order[i]`: put every row back where the source had it."""
+    if transform is None:
+        return rows
+    out = np.empty_like(rows)
+    out[transform.order] = rows
+    return out
+
+
+class ArtifactCheckpoint:
+    """A `Checkpoint` over the source's keys whose values come from the artifact (see module docstring)."""
+
+    def __init__(self, artifact: Path, layout: GGUFLayout, pairs: Sequence[Pairing],
+                 source: SafetensorsCheckpoint) -> None:
+        self.file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
+        self.layout = layout
+        self.source = source
+        self.by_key: dict[str, Pairing] = {}
+        for pair in pairs:
+            names = [p.name for p in pair.source.parts] if isinstance(pair.source, DerivedTensor) else [
+                pair.source.name]
+            self.by_key.update(dict.fromkeys(names, pair))
+
+    def names(self) -> list[str]:
+        return self.source.names()
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.source.shape(key)
+
+    def _undone(self, pair: Pairing) -> dict[str, np.ndarray]:
+        """Every source tensor one GGUF tensor stands for (several for a stack of experts)."""
+        stored = stored_values(self.file_bytes, self.layout.tensor(pair.gguf_name))
+        if isinstance(pair.source, DerivedTensor):
+            return pair.source.undo(stored)
+        shape = pair.source.shape
+        rows = stored.reshape(-1, shape[-1] if shape else 1)
+        return {pair.source.name: _unpermuted(rows, pair.transform).reshape(shape)}
+
+    def read(self, keys: Sequence[str]) -> dict[str, Any]:
+        """The keys' tensors; a GGUF tensor that stands for several keys is dequantized once per read."""
+        import torch
+
+        own = [key for key in keys if key not in self.by_key]
+        out = self.source.read(own) if own else {}
+        undone: dict[str, dict[str, np.ndarray]] = {}
+        for key in keys:
+            if key in self.by_key:
+                pair = self.by_key[key]
+                if pair.gguf_name not in undone:
+                    undone[pair.gguf_name] = self._undone(pair)
+                out[key] = torch.from_numpy(undone[pair.gguf_name][key])
+        return out
