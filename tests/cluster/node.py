@@ -820,6 +820,9 @@ class _Relay:
                 client, _ = self.sock.accept()
             except OSError:
                 return
+            if self._stop.is_set():
+                client.close()
+                return
             try:
                 upstream = socket.create_connection(self.target, timeout=10)
             except OSError:
@@ -844,7 +847,8 @@ class _Relay:
     def stop(self) -> None:
         self._stop.set()
         with contextlib.suppress(OSError):
-            self.sock.close()
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        self.sock.close()
         for c in self._conns:
             with contextlib.suppress(OSError):
                 c.close()
