@@ -277,6 +277,7 @@ def build_tools(cache: Path) -> None:
     produce(out / "helm", unpack)
 
 
+from fixtures_configs import build_configs_v4  # noqa: E402
 from fixtures_decoders import build_decoders  # noqa: E402
 from fixtures_encoders import BUILDERS as ENCODER_BUILDERS  # noqa: E402
 from fixtures_imatrix import build_imatrix  # noqa: E402
@@ -291,6 +292,7 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     **MODERNBERT_BUILDERS,
     "tools": build_tools,
     "minilm": build_minilm, "smollm2": build_smollm, "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
+    "configs-v4": build_configs_v4,  # after the decoders and modernbert, whose built configs it reads
 }
 
 

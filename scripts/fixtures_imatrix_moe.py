@@ -7,7 +7,7 @@ layer's experts as two stacked parameters (`gate_up_proj`, `down_proj`) multipli
 exactly each expert's routed tokens; a forward pre-hook on that experts module sees the hidden states and
 the routing, and sums the same per-expert inputs: the routed tokens for gate and up, and act(gate) * up
 for down, computed with the expert's own weights as the forward does. Forward hooks on the attention's
-Linear layers collect the rest. The legacy `.dat` form
+Linear layers and on the router (a plain weight multiplied in its forward) collect the rest. The legacy `.dat` form
 stores `(sum / count_e) * ncall` with one `ncall = ceil(max_e count_e / chunk_size)` per tensor, which
 need not be a power of two for an expert tensor: llama-quantize can then derive slightly different
 weights from the two forms, so each form gets its own quantized file (`<qtype>-imat.gguf`,
@@ -90,7 +90,7 @@ def collect(source: Path, text: str) -> tuple[Sums, Counts, int]:
                         add(stacked[proj], expert, n_expert, seen_input)
 
             hooks.append(module.register_forward_pre_hook(experts))
-        elif isinstance(module, torch.nn.Linear):
+        elif isinstance(module, torch.nn.Linear) or module_name.endswith(".mlp.gate"):  # and the router
             name = names.get_name(module_name) + ".weight"
             hooks.append(module.register_forward_hook(
                 lambda _m, inputs, _out, name=name: add(name, 0, 1, inputs[0])))

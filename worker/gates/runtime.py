@@ -42,7 +42,7 @@ from worker.gates.runtime_measures import (
     measure_logits,
     measure_reranker,
 )
-from worker.gates.tokenizer_parity import check_tokenizer
+from worker.gates.tokenizer_parity import TokenizerResult, check_tokenizer
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.compute import compute_classes
@@ -156,6 +156,22 @@ def _quality(sides: Sides, layout: GGUFLayout, policy: Policy, details: dict[str
     return sides.gap.judge(summary, budget, policy.quality_slices)
 
 
+def _described(kind: ModelKind, n_ctx: int, texts: tuple[Text, ...], skipped: list[str], layout: GGUFLayout,
+               policy: Policy, tokens: TokenizerResult) -> dict[str, Any]:
+    """What gate 2 measures and holds it to, for the report."""
+    classes = compute_classes(layout)
+    not_covered = uncovered_inputs(texts)
+    if tokens.probe_divergences:
+        not_covered.append(f"probe texts {', '.join(tokens.probe_divergences)}: llama.cpp's "
+                           f"{tokens.gguf_flags['model']} tokenizer splits them unlike the HF normaliser, which no "
+                           "GGUF key governs (not a defect of this file); their outputs are not compared")
+    return {"kind": kind, "n_ctx": n_ctx, "compute_classes": list(classes), "type_mix": type_mix(layout),
+            "thresholds": policy.thresholds(classes).model_dump(), "texts": [t.label for t in texts],
+            "slices": sorted({t.slice for t in texts}), "skipped_texts": skipped,
+            "probe_classes": [name for name in PROBE_CLASSES if f"probe-{name}" in {t.label for t in texts}],
+            "not_covered": not_covered, "tokenizer": tokens.details()}
+
+
 def run_runtime_gate(
     artifact: Path,
     layout: GGUFLayout,
@@ -202,18 +218,7 @@ def run_runtime_gate(
                                             if kind == "causal-lm" else [])
         progress("runtime", 1, 3)
         classes = compute_classes(layout)
-        details.update({
-            "kind": kind, "n_ctx": n_ctx, "compute_classes": list(classes), "type_mix": type_mix(layout),
-            "thresholds": policy.thresholds(classes).model_dump(), "texts": [t.label for t in texts],
-            "slices": sorted({t.slice for t in texts}), "skipped_texts": skipped,
-            "probe_classes": [name for name in PROBE_CLASSES if f"probe-{name}" in {t.label for t in texts}],
-            "not_covered": uncovered_inputs(texts), "tokenizer": tokens.details(),
-        })
-        if tokens.probe_divergences:
-            details["not_covered"].append(
-                f"probe texts {', '.join(tokens.probe_divergences)}: llama.cpp's {tokens.gguf_flags['model']} "
-                "tokenizer splits them unlike the HF normaliser, which no GGUF key governs (not a defect of this "
-                "file); their outputs are not compared")
+        details.update(_described(kind, n_ctx, texts, skipped, layout, policy, tokens))
         measured_texts = tuple(t for t in texts if t.label not in set(tokens.probe_divergences))
         correct, from_source, notes = references(artifact, layout, source, kind)
         details["reference"] = {"correctness": "transformers on the artifact's own weights (dequantized, the "

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from worker.errors import SourceError
+from worker.formats.sentencepiece_model import read_pieces
 from worker.formats.source import SourceModel
 from worker.gates.expectation import Expectation
 from worker.gates.tokenizer_parity import special_token_ids, template_facts
@@ -36,6 +38,9 @@ RUNTIME_FLAG_DEFAULTS: dict[str, dict[str, bool]] = {
 # XLM-RoBERTa models (bge-m3, multilingual-e5) ship this beside tokenizer.json; the converter then reads the
 # vocabulary from it (see sentencepiece_padding).
 SENTENCEPIECE_FILE = "sentencepiece.bpe.model"
+# A SentencePiece model the converter reads a llama-type vocabulary from (before tokenizer.json).
+SPM_FILE = "tokenizer.model"
+MAX_SPM_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,8 @@ class TokenizerFiles:
     model_config: Mapping[str, Any]
     chat_template: str | None
     sentencepiece_model: bool = False
+    spm_pieces: tuple[tuple[str, int], ...] | None = None  # tokenizer.model's pieces, where the source has one
+    added_tokens_file: Mapping[str, Any] | None = None  # added_tokens.json
 
     @classmethod
     def read(cls, source: SourceModel) -> TokenizerFiles | None:
@@ -57,8 +64,14 @@ class TokenizerFiles:
         template = config.get("chat_template")
         if template is None:
             template = source.read_text("chat_template.jinja")
+        spm = source.root / SPM_FILE
+        if spm.is_file() and spm.stat().st_size > MAX_SPM_BYTES:
+            raise SourceError("source.bad_file", f"{SPM_FILE} is larger than {MAX_SPM_BYTES} bytes")
+        added = source.read_json("added_tokens.json")
         return cls(tokenizer, config, source.config, template if isinstance(template, str) else None,
-                   (source.root / SENTENCEPIECE_FILE).is_file())
+                   (source.root / SENTENCEPIECE_FILE).is_file(),
+                   tuple(read_pieces(spm.read_bytes())) if spm.is_file() else None,
+                   added if isinstance(added, dict) else None)
 
     @property
     def model(self) -> Mapping[str, Any]:
@@ -119,8 +132,48 @@ def _looks_special(token: str) -> bool:
                                                                    and token.isascii() and " " not in token)
 
 
+def _converter_looks_special(token: str) -> bool:
+    """The converter's `does_token_look_special` (conversion/base.py), which its SentencePiece path applies."""
+    return token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (token.startswith("<|") and token.endswith("|>")) \
+        or (token.startswith("<｜") and token.endswith("｜>")) or (token.startswith("<unused") and token.endswith(">"))
+
+
+def _spm_vocabulary(files: TokenizerFiles, pieces: tuple[tuple[str, int], ...]) -> tuple[list[str], list[int]]:
+    """The converter's SentencePiece path (`_create_vocab_sentencepiece`; Phi-3's own `set_vocab`): the model's
+    pieces and types padded to vocab_size, then added_tokens.json as user-defined, then tokenizer_config.json's
+    added_tokens_decoder (control when special, or when the token looks special outside Phi-3), then for
+    Phi-3 tokenizer.json's added tokens."""
+    size = int(files.model_config.get("vocab_size") or len(pieces))
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    kinds = [UNUSED] * size
+    for i, (piece, kind) in enumerate(pieces[:size]):
+        tokens[i], kinds[i] = piece, kind
+    for content, token_id in (files.added_tokens_file or {}).items():
+        if isinstance(token_id, int) and 0 <= token_id < size:
+            tokens[token_id], kinds[token_id] = str(content), USER_DEFINED
+    phi3 = any(str(a).startswith("Phi3") for a in files.model_config.get("architectures") or ())
+    for key, data in (files.config.get("added_tokens_decoder") or {}).items():
+        token_id = int(key) if str(key).isdigit() else -1
+        if not 0 <= token_id < size or not isinstance(data, dict) or not isinstance(data.get("content"), str):
+            continue
+        token = data["content"]
+        special = bool(data.get("special")) or (not phi3 and _converter_looks_special(token))
+        kinds[token_id] = CONTROL if special else USER_DEFINED
+        tokens[token_id] = token if special or phi3 else token.replace("\u2581", " ")
+    if phi3:  # Phi-3's converter also takes tokenizer.json's added tokens, last
+        for added in files.tokenizer.get("added_tokens") or []:
+            token_id = int(added["id"])
+            if 0 <= token_id < size:
+                tokens[token_id] = str(added["content"])
+                kinds[token_id] = CONTROL if added.get("special") else USER_DEFINED
+    return tokens, kinds
+
+
 def vocabulary(files: TokenizerFiles, model: str) -> tuple[list[str], list[int]]:
-    """Token strings and kinds by id, padded with `[PADn]` (UNUSED) to config.vocab_size."""
+    """Token strings and kinds by id, padded with `[PADn]` (UNUSED) to config.vocab_size; a SentencePiece
+    vocabulary with its tokenizer.model as the converter reads it from that file."""
+    if model == "llama" and files.spm_pieces is not None:
+        return _spm_vocabulary(files, files.spm_pieces)
     by_id: dict[int, str] = {}
     vocab = files.model.get("vocab")
     if isinstance(vocab, dict):

@@ -68,12 +68,7 @@ class Gemma2(Architecture, arch="gemma2"):
 
 
 class Gemma3(Gemma2, arch="gemma3"):
+    """As gemma2; its sliding-window layers' rope base (`rope.freq_base_swa`) is a common hyperparameter."""
+
     model_arch = gguf.MODEL_ARCH.GEMMA3
     hf_architectures = ("Gemma3ForCausalLM", "Gemma3TextModel")
-
-    def expectations(self) -> list[Expectation]:
-        out = super().expectations()
-        if self.config.get("rope_local_base_freq") is not None:
-            out.append(Expectation("gemma3.rope.freq_base_swa", float(self.config["rope_local_base_freq"]),
-                                   "config.rope_local_base_freq (sliding-window layers)", is_float=True))
-        return out

@@ -10,7 +10,8 @@ Face's, and the converter applies no Q/K permutation). Layer 0 has no `attn_norm
 Its config names ModernBERT's LayerNorm epsilon `norm_eps`, which the converter writes as the unused
 RMS epsilon, while llama.cpp's graph reads `attention.layer_norm_epsilon`, written only from
 `layer_norm_eps`: the expectation comes from `norm_eps`, what the Hugging Face model computes with.
-Global layers rotate with `global_rope_theta`, the sliding-window layers with `local_rope_theta`.
+Global layers rotate with the global rope base, the sliding-window layers with the local one (4.x
+`global_rope_theta` / `local_rope_theta`, 5.x `rope_parameters`), both common hyperparameters.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import gguf
 
 from worker.gates.architectures.base import Architecture
 from worker.gates.expectation import Expectation
-from worker.gates.hyperparameters import ROPE_FREQ_BASE_DEFAULT
 
 EPSILON = "modern-bert.attention.layer_norm_epsilon"
 CLASSIFIER_POOLING = {"mean": int(gguf.PoolingType.MEAN), "cls": int(gguf.PoolingType.CLS)}
@@ -43,12 +43,6 @@ class ModernBert(Architecture, arch="modern-bert"):
                                    "config.norm_eps (the converter writes it; llama.cpp's graph does not read it)",
                                    is_float=True, optional=True))
         out.append(Expectation("modern-bert.attention.causal", False, "ModernBERT attends both ways", default=True))
-        theta = float(config.get("global_rope_theta", ROPE_FREQ_BASE_DEFAULT))
-        out.append(Expectation("modern-bert.rope.freq_base", theta, "config.global_rope_theta", is_float=True,
-                               default=ROPE_FREQ_BASE_DEFAULT))
-        if config.get("local_rope_theta") is not None:
-            out.append(Expectation("modern-bert.rope.freq_base_swa", float(config["local_rope_theta"]),
-                                   "config.local_rope_theta", is_float=True, default=theta))
         if config.get("local_attention") is not None:
             out.append(Expectation("modern-bert.attention.sliding_window", int(config["local_attention"]),
                                    "config.local_attention"))

@@ -16,6 +16,7 @@ import gguf
 from worker.gates.architectures.base import Architecture
 from worker.gates.architectures.derived import Derivation, stacked
 from worker.gates.expectation import Expectation
+from worker.gates.hyperparameters import EXPERT_COUNT_FIELDS, first_field
 
 EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 
@@ -47,7 +48,7 @@ class Qwen3Moe(Qwen2, arch="qwen3moe"):
             if m := EXPERT.fullmatch(name):
                 experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = name
         out = []
-        n_expert = int(self.config.get("num_experts") or 0)
+        n_expert = int(first_field(self.config, EXPERT_COUNT_FIELDS) or 0)
         for (layer, proj), by_index in sorted(experts.items()):
             # every configured expert must be there: a missing one is named by the inventory
             names = [by_index.get(i, f"model.layers.{layer}.mlp.experts.{i}.{proj}.weight")

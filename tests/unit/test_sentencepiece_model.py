@@ -1,0 +1,49 @@
+"""The bounded reader of a SentencePiece tokenizer.model: the pieces and types the converter reads, and a
+clear `source.bad_file` for bytes that are not such a model, never a hang or an IndexError."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from worker.errors import SourceError
+from worker.formats.sentencepiece_model import read_pieces
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _piece(text: str, kind: int | None) -> bytes:
+    body = _field(1, text.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", -1.5)
+    return _field(1, body + (_varint(3 << 3) + _varint(kind) if kind is not None else b""))
+
+
+def test_pieces_and_their_types_in_id_order_with_other_fields_skipped():
+    model = _piece("<unk>", 2) + _piece("<s>", 3) + _piece("▁the", None) + _piece("<0x0A>", 6)
+    model += _field(2, _varint(3 << 3) + _varint(2))  # trainer_spec, ignored
+    assert read_pieces(model) == [("<unk>", 2), ("<s>", 3), ("▁the", 1), ("<0x0A>", 6)]
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (_field(1, _field(1, b"ok"))[:-1], "declares"),
+    (b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", "varint"),
+    (_varint(1 << 3 | 3), "wire type"),
+    (_field(1, _varint(3 << 3) + _varint(1)), "no text"),
+    (_field(1, _field(1, b"\xff\xfe")), "UTF-8"),
+    (_varint(1 << 3 | 2) + _varint(2**40) + b"x", "declares"),
+])
+def test_bytes_that_are_not_a_model_are_a_clear_refusal(data, why):
+    with pytest.raises(SourceError, match=why) as caught:
+        read_pieces(data)
+    assert caught.value.code == "source.bad_file"
