@@ -71,11 +71,13 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     /opt/convgate/bin/python /usr/local/lib/convgate-build/image_requirements.py /src/pyproject.toml worker \
       > /src/requirements.txt \
  && /opt/convgate/bin/pip install --index-url "$TORCH_INDEX" "$(grep '^torch[<>=]' /src/requirements.txt)"
+# Copied, not bind-mounted: a COPY's cache key is its content, so giving, changing or leaving out the
+# wheel rebuilds what follows (a RUN's key ignores what its mounts hold). This stage is never shipped.
+COPY --from=llama-wheels / /tmp/llama-wheels/
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=bind,from=llama-wheels,target=/llama-wheels \
     set -eu \
  && pip=/opt/convgate/bin/pip \
- && wheel="$(ls /llama-wheels/llama_cpp_python-*.whl 2>/dev/null | head -n 1 || true)" \
+ && wheel="$(ls /tmp/llama-wheels/llama_cpp_python-*.whl 2>/dev/null | head -n 1 || true)" \
  && if [ -z "$wheel" ]; then \
       apt-get update \
       && apt-get install -y --no-install-recommends build-essential cmake \
@@ -84,7 +86,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
       && wheel="$(ls /tmp/llama/llama_cpp_python-*.whl)"; \
     fi \
  && $pip install "$wheel" -r /src/requirements.txt \
- && rm -rf /tmp/llama
+ && rm -rf /tmp/llama /tmp/llama-wheels
 
 # convgate itself, installed without dependencies under /staged (the same /opt/convgate paths), so the
 # images take it as one small layer on top of their dependencies.
