@@ -65,7 +65,7 @@ from .cluster import REPO, Cluster, process_env
 from .convgate_env import CHART, Db, helm, wait
 from .node import KubeNode
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]  # the images may be built first
 
 MODELS = "/models"  # where worker pods see the fixture files
 WORKER_TIMEOUT = 900  # one worker start + gates 1-3 on MiniLM Q8_0, on 2 busy cores
@@ -143,6 +143,18 @@ class Deployment:
         """The pods matching `selector`, without those being deleted (a rolled-out replica's old pod)."""
         items = self.api.get(f"/api/v1/namespaces/{self.namespace}/pods", params={"labelSelector": selector})["items"]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def worker_logs(self, verification_id: str, tail: int = 30) -> str:
+        """The last lines of every worker container of the verification (for failure messages)."""
+        out = []
+        items = self.api.get(f"/api/v1/namespaces/{self.namespace}/pods",
+                             params={"labelSelector": f"convgate.io/verification-id={verification_id}"})["items"]
+        for p in items:
+            with contextlib.suppress(Exception):
+                log = self.api.get(f"/api/v1/namespaces/{self.namespace}/pods/{p['metadata']['name']}/log",
+                                   params={"container": "worker", "tailLines": str(tail)})
+                out.append(f"--- {p['metadata']['name']} ---\n{log}")
+        return "\n".join(out)
 
     def exec(self, pod: str, container: str, *argv: str) -> subprocess.CompletedProcess[str]:
         return self.node.kubectl("-n", self.namespace, "exec", pod, "-c", container, "--", *argv, check=False)
@@ -354,8 +366,15 @@ def main(cluster: Cluster, node: KubeNode, images: dict[str, str], tmp_path_fact
         yield deployment
 
 
-def completed(store: Db, verification_id: str, timeout: float = WORKER_TIMEOUT) -> Any:
-    return store.wait_state(verification_id, State.COMPLETED, State.FAILED, timeout=timeout)
+def completed(deployment: Deployment, store: Db, verification_id: str, timeout: float = WORKER_TIMEOUT) -> Any:
+    """Wait for the verification's end; its events and workers' last log lines are printed (shown when a
+    test fails)."""
+    verification = store.wait_state(verification_id, State.COMPLETED, State.FAILED, timeout=timeout)
+    print(f"{verification_id}: {verification.state} {verification.verdict_result} attempt {verification.attempt}, "
+          f"failed {verification.failed_attempts}, reason {verification.reason!r}")
+    print("\n".join(store.events(verification_id)))
+    print(deployment.worker_logs(verification_id))
+    return verification
 
 
 def alembic_head() -> str:
@@ -418,7 +437,7 @@ def test_honest_verification_runs_all_gates_in_the_worker_and_ends_go(main: Depl
     token = main.token()
     with main.client() as http:
         verification_id = main.submit(http, token)
-        verification = completed(store, verification_id)
+        verification = completed(main, store, verification_id)
         events = store.events(verification_id)
         assert (verification.state, verification.verdict_result) == (State.COMPLETED, "GO"), (
             events, store.report(verification_id).get("blockers") if store.verdicts(verification_id) else None)
@@ -456,7 +475,7 @@ def test_sharded_gate1_runs_as_one_indexed_job_to_a_merged_verdict(main: Deploym
     size = (minilm() / "minilm-Q8_0.gguf").stat().st_size  # ~24 MiB: two shards of 16 MiB
     with main.client() as http:
         verification_id = main.submit(http, main.token(), gates=[1], artifact_size=size)
-    verification = completed(store, verification_id)
+    verification = completed(main, store, verification_id)
     events = store.events(verification_id)
     assert (verification.state, verification.verdict_result, verification.failed_attempts) == (
         State.COMPLETED, "GO", 0), events
@@ -496,7 +515,7 @@ def test_worker_killed_through_the_runtime_loses_no_verdict_and_counts_one_attem
     who = main.exec(pod, "worker", "sh", "-c", "id -u; echo x > /opt/convgate/written")
     assert who.stdout.strip() == "10001" and "Read-only file system" in who.stderr, who
     main.node.kill_container(main.namespace, pod, "worker", "SIGKILL")
-    verification = completed(store, verification_id)
+    verification = completed(main, store, verification_id)
     events = store.events(verification_id)
     assert store.verdicts(verification_id) == 1, events  # the retry wrote it, once
     assert (verification.attempt, verification.failed_attempts) == (2, 1), events
@@ -522,7 +541,7 @@ def test_worker_below_gate2_memory_is_oom_killed_counted_and_failed(cluster: Clu
         store = oom.db()
         with oom.client() as http:
             verification_id = oom.submit(http, oom.token())
-        verification = completed(store, verification_id)
+        verification = completed(oom, store, verification_id)
         events = store.events(verification_id)
         assert (verification.state, verification.failed_attempts) == (State.FAILED, 2), events
         assert sum("OOMKilled" in e for e in events) >= 2, events
