@@ -66,24 +66,33 @@ def produce(target: Path, make: Callable[[Path], None]) -> Path:
     return target
 
 
+LLAMA_CPP_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-", "src/llama-vocab.cpp")
+
+
+def _extract_llama_cpp(cache: Path, version: str, wanted: tuple[str, ...], tmp: Path) -> None:
+    sdist = pip_download(f"llama-cpp-python=={version}", cache / "downloads", "--no-binary", ":all:")
+    prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers()
+                   if m.name.startswith(prefix) and m.name[len(prefix):].startswith(wanted)]
+        for member in members:
+            member.name = member.name[len(prefix):]
+        archive.extractall(tmp, members=members, filter="data")
+
+
 def llama_cpp_tree(cache: Path) -> Path:
-    """The vendored llama.cpp tree of the installed llama-cpp-python version's sdist."""
+    """The vendored llama.cpp tree of the installed llama-cpp-python version's sdist: the converter, gguf-py,
+    the tokenizer test vocabularies and llama-vocab.cpp (the pre-tokenizer names it knows)."""
     version = metadata.version("llama-cpp-python")
-
-    def unpack(tmp: Path) -> None:
-        sdist = pip_download(f"llama-cpp-python=={version}", cache / "downloads", "--no-binary", ":all:")
-        prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
-        wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
-        with tarfile.open(sdist) as archive:
-            members = [
-                m for m in archive.getmembers()
-                if m.name.startswith(prefix) and m.name[len(prefix):].startswith(wanted)
-            ]
-            for member in members:
-                member.name = member.name[len(prefix):]
-            archive.extractall(tmp, members=members, filter="data")
-
-    return produce(cache / f"llama.cpp-{version}", unpack)
+    tree = produce(cache / f"llama.cpp-{version}",
+                   lambda tmp: _extract_llama_cpp(cache, version, LLAMA_CPP_FILES, tmp))
+    vocab_source = tree / "src" / "llama-vocab.cpp"
+    if not vocab_source.exists():  # a tree extracted before this file was wanted
+        vocab_source.parent.mkdir(exist_ok=True)
+        produce(vocab_source.parent / "extracted",
+                lambda tmp: _extract_llama_cpp(cache, version, ("src/llama-vocab.cpp",), tmp))
+        (vocab_source.parent / "extracted" / "src" / "llama-vocab.cpp").rename(vocab_source)
+    return tree
 
 
 def extract_package_dir(wheel: Path, inner: str, target: Path) -> Path:

@@ -178,11 +178,13 @@ def check_tokenizer(
         result.blockers.append(Blocker(code=code, gate="runtime", why=why, text=text))
 
     if prefix != template.prefix:
-        block("tokenizer.add_bos_mismatch", f"the template starts with {list(template.prefix)}, llama.cpp adds "
-              f"{list(prefix)} (GGUF add_bos_token={flags['add_bos_token']})")
+        key, why = _flag_source("add_bos_token", flags)
+        result.blockers.append(Blocker(code="tokenizer.add_bos_mismatch", gate="runtime", key=key, why=(
+            f"the template starts with {list(template.prefix)}, llama.cpp adds {list(prefix)} ({why})")))
     if suffix != template.suffix:
-        block("tokenizer.add_eos_mismatch", f"the template ends with {list(template.suffix)}, llama.cpp adds "
-              f"{list(suffix)} (GGUF add_eos_token={flags['add_eos_token']})")
+        key, why = _flag_source("add_eos_token", flags)
+        result.blockers.append(Blocker(code="tokenizer.add_eos_mismatch", gate="runtime", key=key, why=(
+            f"the template ends with {list(template.suffix)}, llama.cpp adds {list(suffix)} ({why})")))
     eos = flags["eos_token_id"]
     if template.suffix and (len(template.suffix) > 1 or (eos is not None and template.suffix[0] != eos)):
         block("tokenizer.template_token_mismatch", f"the template appends {list(template.suffix)}, but GGUF can "
@@ -218,6 +220,15 @@ def check_tokenizer(
                   f"({result.diagnosis or 'other combinations differ'})", mismatch["text"])
         result.blockers.extend(_pretokenizer_blockers(result.mismatches, texts, gguf_metadata))
     return result
+
+
+def _flag_source(flag: str, flags: dict[str, Any]) -> tuple[str, str]:
+    """The GGUF key an automatic BOS/EOS comes from: the flag, or, where the file sets none in a BPE vocabulary,
+    the pre-tokenizer type, whose defaults llama.cpp applies (llama3's adds BOS)."""
+    if flags.get(flag) is None and flags.get("model") == "gpt2":
+        return "tokenizer.ggml.pre", (f"the GGUF sets no {flag}, so llama.cpp's default for pre-tokenizer "
+                                      f"{flags.get('pre')!r} applies")
+    return f"tokenizer.ggml.{flag}", f"GGUF {flag}={flags.get(flag)}"
 
 
 def _pretokenizer_blockers(mismatches: list[dict[str, Any]], texts: tuple[Text, ...],
