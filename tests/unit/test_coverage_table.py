@@ -1,4 +1,4 @@
-"""The README's coverage table is exactly what the suite's `coverage` marks claim."""
+"""The coverage table in docs/coverage.md is exactly what the suite's `coverage` marks claim."""
 
 from __future__ import annotations
 
@@ -20,10 +20,17 @@ def _claim(arch: str, types: tuple[str, ...], proves: str = "GO", gates: str = "
             "gates": gates, "defect": defect}
 
 
-def test_readme_table_is_generated_from_the_marks():
-    readme = coverage_table.README.read_text(encoding="utf-8")
+def test_docs_table_is_generated_from_the_marks():
+    doc = coverage_table.TABLE_DOC.read_text(encoding="utf-8")
     generated = coverage_table.render(coverage_table.collect_claims())
-    assert coverage_table.current_table(readme) == generated, "run: python scripts/coverage_table.py --write"
+    assert coverage_table.current_table(doc) == generated, "run: python scripts/coverage_table.py --write"
+
+
+def test_the_table_lives_in_docs_coverage_md_alone():
+    doc = coverage_table.TABLE_DOC.read_text(encoding="utf-8")
+    assert (doc.count(coverage_table.START), doc.count(coverage_table.END)) == (1, 1)
+    readme = (coverage_table.REPO / "README.md").read_text(encoding="utf-8")
+    assert coverage_table.START not in readme and coverage_table.END not in readme
 
 
 def test_each_type_is_listed_under_the_widest_gates_that_proved_it():

@@ -157,7 +157,7 @@ def near(text: str) -> np.ndarray:
 
 def embedding_evidence(candidate=near) -> EmbeddingEvidence:
     policy = Policy()
-    thresholds = policy.thresholds("float")
+    thresholds = policy.thresholds(["f32"])
     sentence = SentenceConfig(pooling="mean", normalize=True)
     reference, embed = Recorded(vector), Recorded(candidate)
     ids_equal = {t.label: True for t in TEXTS}
@@ -222,7 +222,7 @@ def logits_of(ids: list[int]) -> np.ndarray:
 
 def logits_evidence(candidate=None, texts: tuple[Text, ...] = TEXTS, keep: int | None = 1) -> LogitsEvidence:
     policy = Policy()
-    thresholds = policy.thresholds("float")
+    thresholds = policy.thresholds(["f32"])
 
     def close(ids: list[int]) -> np.ndarray:
         return logits_of(ids) + np.float32(1e-4) * logits_of([*ids[1:], 1])

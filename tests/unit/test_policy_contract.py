@@ -13,13 +13,15 @@ from pydantic import ValidationError
 from worker.blockers import BLOCKER_CODES, Blocker, safe_text
 from worker.errors import UsageError
 from worker.policy import Policy, load_policy
+from worker.quality_budgets import DEFAULT_QUALITY_BUDGETS, QualityBudget
+from worker.quant.compute import COMPUTE_CLASSES
 from worker.quant.precision import PRECISION_CLASSES
 from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS
 
 # field: (lowest accepted, highest accepted or None when unbounded)
 BOUNDS = {"tie_ulps": (0, 16), "reader_crosscheck_rows": (2, 64), "max_context_tokens": (16, None),
           "max_logit_positions": (1, None), "systematic_fraction": (0.5, 1.0)}
-DEFAULTS = {"version": "2026.11-4", "reproduce_quantized": True, "reproduce_sample": 1.0, "tie_ulps": 4,
+DEFAULTS = {"version": "2026.12-1", "reproduce_quantized": True, "reproduce_sample": 1.0, "tie_ulps": 4,
             "reader_crosscheck_rows": 4,
             "token_ids_exact": True, "require_top1_equal": True, "contradiction_high_cosine": 0.999,
             "contradiction_low_cosine": 0.9, "max_context_tokens": 2048, "max_logit_positions": 256,
@@ -44,6 +46,7 @@ def test_defaults_are_the_documented_ones():
     policy = Policy()
     assert {name: getattr(policy, name) for name in DEFAULTS} == DEFAULTS
     assert policy.runtime == dict(DEFAULT_RUNTIME_THRESHOLDS)
+    assert policy.quality == dict(DEFAULT_QUALITY_BUDGETS) and policy.quality_slices == {}
 
 
 def test_a_policy_is_frozen():
@@ -58,16 +61,30 @@ def test_unknown_keys_are_refused():
         Policy(min_cosine=-1)  # type: ignore[call-arg]
 
 
-def test_every_precision_class_needs_thresholds_and_they_keep_the_class_order():
-    partial = {name: DEFAULT_RUNTIME_THRESHOLDS[name] for name in PRECISION_CLASSES[1:]}
-    with pytest.raises(ValidationError, match=r"runtime thresholds missing for precision classes \['float'\]"):
+def test_every_compute_class_needs_thresholds_and_they_keep_the_class_order():
+    partial = {name: DEFAULT_RUNTIME_THRESHOLDS[name] for name in COMPUTE_CLASSES[1:]}
+    with pytest.raises(ValidationError, match=r"thresholds missing for compute classes \['f32'\]"):
         Policy(runtime=partial)
     shuffled = dict(reversed(list(DEFAULT_RUNTIME_THRESHOLDS.items())))
     policy = Policy(runtime=shuffled)
-    assert tuple(policy.runtime) == PRECISION_CLASSES
-    for name in PRECISION_CLASSES:
-        assert policy.thresholds(name) is policy.runtime[name]
-        assert policy.thresholds(name) == DEFAULT_RUNTIME_THRESHOLDS[name]
+    assert tuple(policy.runtime) == COMPUTE_CLASSES
+    for name in COMPUTE_CLASSES:
+        assert policy.thresholds([name]) == DEFAULT_RUNTIME_THRESHOLDS[name]
+    loose = policy.thresholds(["f16", "q8_k"])  # a mixed file is held to the loosest of its classes
+    assert loose.max_kl_mean == max(policy.runtime["f16"].max_kl_mean, policy.runtime["q8_k"].max_kl_mean)
+    assert loose.min_cosine == min(policy.runtime["f16"].min_cosine, policy.runtime["q8_k"].min_cosine)
+
+
+def test_every_precision_class_needs_a_quality_budget_and_slices_are_free():
+    partial = {name: DEFAULT_QUALITY_BUDGETS[name] for name in PRECISION_CLASSES[1:]}
+    with pytest.raises(ValidationError, match=r"quality budgets missing for precision classes \['float'\]"):
+        Policy(quality=partial)
+    named = Policy(quality_slices={"korean": QualityBudget(max_kl_mean=0.5)})
+    assert named.quality_slices["korean"].max_kl_mean == 0.5 and named.sha256() != Policy().sha256()
+    with pytest.raises(ValidationError, match="max_kl_mean"):
+        QualityBudget(max_kl_mean=-1)
+    with pytest.raises(ValidationError, match="extra"):
+        QualityBudget(kl=1)  # type: ignore[call-arg]
 
 
 def test_the_digest_is_of_the_canonical_json_and_changes_with_any_value():
@@ -103,7 +120,8 @@ def test_blocker_table_invariants():
     assert len(BLOCKER_CODES) == len(set(BLOCKER_CODES))
     families = {code.split(".")[0] for code in BLOCKER_CODES}
     assert families == {"gguf", "source", "tensor", "metadata", "tokenizer", "embedding", "logits", "runtime",
-                        "release", "verifier", "measurement", "gate", "artifact", "rerank", "imatrix"}
+                        "release", "verifier", "measurement", "gate", "artifact", "rerank", "imatrix", "chat",
+                        "quality"}
     for code, meaning in BLOCKER_CODES.items():
         assert re.fullmatch(r"[a-z0-9]+\.[a-z0-9_]+", code), code
         assert meaning == meaning.strip() and "\n" not in meaning and not meaning.endswith("."), code

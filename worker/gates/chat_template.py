@@ -3,10 +3,11 @@
 Why: a chat model is used through its template. Gate 1 compares the template's text with the source's,
 but what a user's runtime feeds the model is the rendered conversation, tokenized by the runtime's rules:
 llama.cpp's built-in template path (`llama_chat_apply_template`, what llama-cli and llama-server use without
-`--jinja`) tokenizes the prompt adding BOS when the GGUF says so, and llama-cpp-python's Jinja formatter
-renders the GGUF's own template and adds nothing. Either must give the ids of transformers'
-`apply_chat_template` on the source. A BOS written by the template and added again by the runtime (two
-BOS tokens in front) is a defect of its own: the model was never trained on it.
+`--jinja`) tokenizes the prompt adding BOS when the GGUF says so; llama-cpp-python's Jinja formatter renders
+the GGUF's own template and adds nothing; llama-server with `--jinja` renders it and adds BOS when the GGUF
+says so. Each must give the ids of transformers' `apply_chat_template` on the source. A BOS written by the
+template and added again by the runtime (two BOS tokens in front) is a defect of its own: the model was
+never trained on it.
 
 The probe conversations all carry a system message: a template's default system prompt (SmolLM2 writes one
 when none is given) is the template's own choice, which llama.cpp's built-in path does not reproduce for
@@ -33,7 +34,8 @@ CONVERSATIONS: tuple[tuple[str, tuple[dict[str, str], ...], bool], ...] = (
                   {"role": "assistant", "content": "chat"}), False),
 )
 PATHS = {"builtin": "llama.cpp's built-in template path (llama_chat_apply_template, BOS added by the GGUF's flag)",
-         "jinja": "llama-cpp-python's Jinja formatter on the GGUF's template"}
+         "jinja": "llama-cpp-python's Jinja formatter on the GGUF's template",
+         "jinja_server": "the GGUF's template rendered as with llama-server --jinja (BOS added by the GGUF's flag)"}
 
 
 class _Renderer(Protocol):
@@ -43,25 +45,29 @@ class _Renderer(Protocol):
     def vocab_facts(self) -> dict[str, Any]: ...
 
 
-def has_chat_template(source: SourceModel, layout: GGUFLayout) -> bool:
-    config = source.read_json("tokenizer_config.json") or {}
-    return bool(config.get("chat_template")) or source.read_text("chat_template.jinja") is not None or (
-        "tokenizer.chat_template" in layout.metadata)
-
-
 def _first_difference(expected: list[int], actual: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b),
                 min(len(expected), len(actual)))
 
 
+def source_template(source: SourceModel) -> str | None:
+    config = source.read_json("tokenizer_config.json") or {}
+    template = config.get("chat_template")
+    return template if isinstance(template, str) else source.read_text("chat_template.jinja")
+
+
 def check_chat_template(source: SourceModel, layout: GGUFLayout, candidate: _Renderer,
                         details: dict[str, Any]) -> list[Blocker]:
     """Render every probe conversation on every path; blockers for ids unlike transformers' and double BOS."""
-    if not has_chat_template(source, layout):
+    if source_template(source) is None and "tokenizer.chat_template" not in layout.metadata:
         details["chat_template"] = {"checked": False, "why": "neither the source nor the GGUF has a chat template"}
         return []
     bos = candidate.vocab_facts()["bos"]
     found: list[Blocker] = []
+    if "tokenizer.chat_template" not in layout.metadata:
+        found.append(Blocker(code="chat.template_mismatch", gate="runtime", key="tokenizer.chat_template",
+                             why="the source has a chat template and the GGUF has none: a runtime falls back to a "
+                                 "default of its own"))
     rows: list[dict[str, Any]] = []
     for name, messages, generation_prompt in CONVERSATIONS:
         rendered = candidate.render_chat([dict(m) for m in messages], generation_prompt, source.root)

@@ -4,8 +4,9 @@ Why: llama.cpp trusts some counts more than its tensors. A `block_count` far lar
 present makes it abort while loading (SIGABRT), which ran the verifier down with it before gates 2 and
 3 moved llama.cpp into a child. Gate 1 already compares these keys with the tensors; gates 2 and 3 ask
 the same questions first and refuse to load a file that contradicts itself (`runtime.refused_to_load`),
-whether or not gate 1 was requested. Everything subtler is left to the child: whatever still kills
-llama.cpp there is a `runtime.crashed` verdict, not a lost one.
+whether or not gate 1 was requested. Special-token ids that do not index the token list are refused too
+(llama.cpp has read them out of bounds while loading). Everything subtler is left to the child: whatever
+still kills llama.cpp there is a `runtime.crashed` verdict, not a lost one.
 """
 
 from __future__ import annotations
@@ -40,10 +41,28 @@ def _count(value: Any) -> Any:
     return len(values) if isinstance(values, Sequence) and not isinstance(values, str) else values
 
 
+SPECIAL_ID_KEYS = tuple(f"tokenizer.ggml.{kind}_token_id" for kind in
+                        ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask", "cls"))
+
+
+def _ids_outside_the_vocabulary(layout: GGUFLayout) -> list[tuple[str, Any, int]]:
+    """Special-token ids that do not index the token list: llama.cpp versions of 2025-26 read them out of
+    bounds while loading (GHSA-g4cc-763q-h9h6 and its load() sibling)."""
+    tokens = _count(layout.metadata.get("tokenizer.ggml.tokens", []))
+    if not isinstance(tokens, int):
+        return []
+    return [(key, value, tokens) for key in SPECIAL_ID_KEYS if key in layout.metadata
+            and (value := layout.metadata[key]) is not None and (type(value) is not int or not 0 <= value < tokens)]
+
+
 def refusal(layout: GGUFLayout, gate: Literal["runtime", "release"]) -> list[Blocker]:
-    """One blocker per key whose value contradicts the tensors (an absent key contradicts nothing here)."""
+    """One blocker per key whose value contradicts the tensors or the token list (an absent key contradicts
+    nothing here)."""
     arch = str(layout.metadata.get("general.architecture", ""))
-    found = []
+    found = [Blocker(code="runtime.refused_to_load", gate=gate, key=key,
+                     why=f"{key} is {str(value)[:40]!r}, outside the {tokens} tokens the file lists: llama.cpp "
+                         "is not given an id it would read out of bounds")
+             for key, value, tokens in _ids_outside_the_vocabulary(layout)]
     for exp in tensor_expectations(arch, layout):
         if exp.key not in layout.metadata:
             continue

@@ -9,6 +9,7 @@ translated to `CandidateLoadError` here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,16 +148,18 @@ class LlamaCandidate:
             llama_cpp.llama_chat_apply_template(template, chat, len(messages), add_generation_prompt, buffer, size + 1)
             prompt = buffer.raw[:size].decode("utf-8", errors="replace")
             out["builtin"] = {"ids": self.tokenize(prompt, add_special=True, parse_special=True)}
-        out["jinja"] = self._jinja(template, messages, add_generation_prompt)
+        out["jinja"], out["jinja_server"] = self._jinja(template, messages, add_generation_prompt)
         out["hf"] = _hf_chat(source_dir, messages, add_generation_prompt)
         return out
 
     def _jinja(self, template: bytes | None, messages: list[dict[str, str]],
-               add_generation_prompt: bool) -> dict[str, Any]:
-        """llama-cpp-python's chat formatter, tokenized as its chat completion does (the template is trusted
-        to write its own BOS: no automatic one)."""
+               add_generation_prompt: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The GGUF's own template rendered by llama-cpp-python's chat formatter, tokenized as its chat completion
+        does (the template is trusted to write its own BOS: no automatic one) and as llama-server with --jinja
+        does (the GGUF's automatic BOS as well)."""
         if template is None:
-            return {"error": "the GGUF has no chat template"}
+            missing = {"error": "the GGUF has no chat template"}
+            return missing, missing
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         vocab = self.llm._model
@@ -165,10 +168,12 @@ class LlamaCandidate:
                                             eos_token=vocab.token_get_text(self.llm.token_eos()),
                                             bos_token=vocab.token_get_text(self.llm.token_bos()),
                                             add_generation_prompt=add_generation_prompt)
-            prompt = formatter(messages=messages).prompt
+            prompt = formatter(messages=messages).prompt  # type: ignore[arg-type]
         except Exception as exc:  # a template error is an answer here, not a crash of the child
-            return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        return {"ids": self.tokenize(prompt, add_special=False, parse_special=True)}
+            failed = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            return failed, failed
+        return ({"ids": self.tokenize(prompt, add_special=False, parse_special=True)},
+                {"ids": self.tokenize(prompt, add_special=True, parse_special=True)})
 
     def trace_layers(self, architecture: str, ids: list[int]) -> np.ndarray:
         """Every layer's output for `ids`, [n_layer, n_tokens, n_embd] (see layer_trace.py)."""
@@ -177,14 +182,19 @@ class LlamaCandidate:
         return trace_layers(self.llm.model, architecture, ids)
 
 
+@functools.cache
+def _hf_tokenizer(source_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source_dir)
+
+
 def _hf_chat(source_dir: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> dict[str, Any]:
     """transformers' `apply_chat_template` with the source's tokenizer, its ids as transformers tokenizes them."""
     try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(source_dir)
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+        ids = _hf_tokenizer(source_dir).apply_chat_template(messages, tokenize=True,
+                                                            add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # the template may refuse a conversation (a role it does not support)
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-    return {"ids": [int(i) for i in ids]}
+    found = ids["input_ids"] if hasattr(ids, "keys") else ids  # transformers 5 may answer with an encoding
+    return {"ids": [int(i) for i in found]}
