@@ -1,13 +1,13 @@
-"""Generate the README's coverage table from the tests that prove it.
+"""Generate the coverage table of docs/coverage.md from the tests that prove it.
 
 Collects the suite (no test runs) with `--coverage-claims`, which writes every `coverage` mark
 (`tests/coverage_marks.py`), and renders one row per architecture: the types an honest
 conversion is proven GO for (without and with an importance matrix, and by which gates) and
 the defects proven NO-GO. The suite itself makes the claims true: CI fails if any marked test
-fails, and `tests/unit/test_coverage_table.py` fails if the README's table is not this output.
+fails, and `tests/unit/test_coverage_table.py` fails if the table in docs/coverage.md is not this output.
 
     python scripts/coverage_table.py           # print the table
-    python scripts/coverage_table.py --write   # rewrite it in README.md
+    python scripts/coverage_table.py --write   # rewrite it in docs/coverage.md
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+TABLE_DOC = REPO / "docs" / "coverage.md"
 START, END = "<!-- coverage-table:start -->", "<!-- coverage-table:end -->"
 TYPE_ORDER = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q5_K_M", "Q4_0", "Q4_1", "Q4_K",
               "Q4_K_M", "Q3_K", "Q3_K_M", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS",
@@ -85,25 +85,25 @@ def render(claims: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def replace_table(readme: str, table: str) -> str:
-    head, _, rest = readme.partition(START)
+def replace_table(doc: str, table: str) -> str:
+    head, _, rest = doc.partition(START)
     _, found, tail = rest.partition(END)
     if not found:
-        raise SystemExit(f"README.md has no {START} ... {END} section")
+        raise SystemExit(f"{TABLE_DOC.relative_to(REPO)} has no {START} ... {END} section")
     return f"{head}{START}\n{table}\n{END}{tail}"
 
 
-def current_table(readme: str) -> str:
-    return readme.partition(START)[2].partition(END)[0].strip()
+def current_table(doc: str) -> str:
+    return doc.partition(START)[2].partition(END)[0].strip()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    parser.add_argument("--write", action="store_true", help="rewrite the table in docs/coverage.md")
     args = parser.parse_args()
     table = render(collect_claims())
     if args.write:
-        README.write_text(replace_table(README.read_text(encoding="utf-8"), table), encoding="utf-8")
+        TABLE_DOC.write_text(replace_table(TABLE_DOC.read_text(encoding="utf-8"), table), encoding="utf-8")
     print(table)
 
 

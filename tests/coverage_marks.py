@@ -1,7 +1,7 @@
 """The `coverage` mark: which (architecture, type, importance matrix) outcome a test proves.
 
-The README's coverage table is generated from these marks (`scripts/coverage_table.py`), so it
-claims exactly what a test in the suite proves, and the suite fails if any of those tests fails.
+The coverage table in docs/coverage.md is generated from these marks (`scripts/coverage_table.py`),
+so it claims exactly what a test in the suite proves, and the suite fails if any of those tests fails.
 """
 
 from __future__ import annotations

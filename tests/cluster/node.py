@@ -556,14 +556,22 @@ class KubeNode:
         stale = [ref for ref in have if ref.rsplit(":", 1)[0] in repos and ref not in wanted]
         if stale:
             self.ctr("images", "rm", *stale, check=False)
+        # the CRI plugin's `sha256:<image id>` records of manifests no name points to any more keep
+        # their layers alive: drop them too, so containerd's garbage collector frees the disk
+        named = set(self.image_digests().values())
+        orphans = [ref for ref, digest in self.image_digests(with_ids=True).items()
+                   if ref.startswith("sha256:") and digest not in named]
+        if orphans:
+            self.ctr("images", "rm", *orphans, check=False)
         self.loaded[key] = sorted(wanted)
         return self.loaded[key]
 
-    def image_digests(self) -> dict[str, str]:
-        """Image name -> manifest (or index) digest in containerd's k8s.io namespace."""
+    def image_digests(self, *, with_ids: bool = False) -> dict[str, str]:
+        """Image name -> manifest (or index) digest in containerd's k8s.io namespace; `with_ids` also
+        lists the `sha256:<config digest>` records the CRI plugin adds."""
         out = self.ctr("images", "ls").stdout.splitlines()[1:]
         return {parts[0]: parts[2] for parts in (line.split() for line in out)
-                if len(parts) > 2 and not parts[0].startswith("sha256:")}
+                if len(parts) > 2 and (with_ids or not parts[0].startswith("sha256:"))}
 
     def image_refs(self) -> list[str]:
         """Image names in containerd's k8s.io namespace (not the `sha256:` ids the CRI plugin adds)."""

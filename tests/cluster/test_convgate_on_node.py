@@ -283,11 +283,14 @@ class Deployment:
         return result.stdout
 
     def _worker_image(self, worker: str) -> None:
-        """The chart has a single image value: point the dispatcher's Jobs at the worker image, then restart
-        the API pod so it reads the ConfigMap again."""
+        """The chart has a single image value: point the dispatcher's Jobs at the worker image (and, while
+        needed, set the policies: `configured_policies`), then restart the API pod so it reads the
+        ConfigMap again."""
         ns = self.namespace
-        self.api.merge_patch(f"/api/v1/namespaces/{ns}/configmaps/{RELEASE}",
-                             {"data": {"CONVGATE_KUBERNETES__IMAGE": worker}})
+        data = {"CONVGATE_KUBERNETES__IMAGE": worker}
+        if (policies := configured_policies()) is not None:
+            data["CONVGATE_POLICIES"] = policies
+        self.api.merge_patch(f"/api/v1/namespaces/{ns}/configmaps/{RELEASE}", {"data": data})
         self.api.merge_patch(f"/apis/apps/v1/namespaces/{ns}/deployments/{RELEASE}", {"spec": {"template": {
             "metadata": {"annotations": {"convgate.io/worker-image": worker}}}}})
 
@@ -320,6 +323,26 @@ class Deployment:
                      f"/api/v1/persistentvolumes/{name}"):
             with contextlib.suppress(Exception):
                 self.api.delete(path)
+
+
+def configured_policies() -> str | None:
+    """CONVGATE_POLICIES for the API pod, or None for the chart's own. While the engine's gate-2 thresholds
+    are not measured (issue 20: worker/thresholds.py's MEASURED is empty, so the default policy does not
+    validate and every worker exits at its first line), the operator-configured default names explicit
+    thresholds: a policy of these tests, recorded with its hash in each verdict like any configured
+    policy, not a measured default. It goes into the ConfigMap, not through the chart's `policies`
+    value: the chart's values schema still names the engine's earlier compute classes."""
+    from worker.policy import COMPUTE_CLASSES, Policy
+    from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS
+
+    if DEFAULT_RUNTIME_THRESHOLDS:
+        return None
+    exact = {"min_cosine": 0.9999, "max_logits_nmse": 0.001, "max_kl_mean": 0.001, "max_kl_p99": 0.01,
+             "min_top1_agreement": 0.99}
+    quantized = {"min_cosine": 0.999, "max_logits_nmse": 0.01, "max_kl_mean": 0.01, "max_kl_p99": 0.1,
+                 "min_top1_agreement": 0.95}
+    policy = Policy(runtime={c: exact if c in ("f32", "f16", "bf16") else quantized for c in COMPUTE_CLASSES})
+    return json.dumps({"default": policy.model_dump(mode="json")})
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

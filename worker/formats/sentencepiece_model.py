@@ -71,11 +71,11 @@ def read_pieces(data: bytes) -> list[tuple[str, int]]:
         for inner, inner_wire, inner_value in _fields(value, 0, len(value)):
             if inner == 1 and inner_wire == _LENGTH:
                 try:
-                    text = bytes(inner_value).decode("utf-8")  # type: ignore[arg-type]
+                    text = bytes(inner_value).decode("utf-8")
                 except UnicodeDecodeError as exc:
                     raise _malformed(f"piece {len(pieces)} is not UTF-8") from exc
             elif inner == 3 and inner_wire == _VARINT:
-                kind = int(inner_value)  # type: ignore[arg-type]
+                kind = int(inner_value)
         if text is None:
             raise _malformed(f"piece {len(pieces)} has no text")
         pieces.append((text, kind))

@@ -90,7 +90,8 @@ def _over(value: object, limit: float | None, bound: str) -> bool:
 
 def judge_causal(summary: Mapping[str, object], budget: QualityBudget, where: str) -> list[Blocker]:
     """The causal-LM budget's limits against one summary (`where` names the slice)."""
-    p99 = summary.get("kl_percentiles", {}).get("p99") if isinstance(summary.get("kl_percentiles"), dict) else None
+    percentiles = summary.get("kl_percentiles")
+    p99 = percentiles.get("p99") if isinstance(percentiles, dict) else None
     found = []
     for code, value, limit, bound, label in (
         ("quality.kl_above_budget", summary.get("kl_mean"), budget.max_kl_mean, "max", "KL mean"),

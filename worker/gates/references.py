@@ -23,7 +23,7 @@ def references(artifact: Path, layout: GGUFLayout, source: SourceModel,
                kind: str) -> tuple[HFModel, HFModel, list[str]]:
     """transformers on the artifact's weights (correctness) and on the source's (quality), and what the
     first could not take from the artifact."""
-    flags = {"causal": kind == "causal-lm", "classifier": kind == "reranker"}
+    causal, classifier = kind == "causal-lm", kind == "reranker"
     notes: list[str] = []
     arch = architecture_for(str(layout.metadata.get("general.architecture", "")), source.config)
     plain = source_checkpoint(source.root)
@@ -36,4 +36,5 @@ def references(artifact: Path, layout: GGUFLayout, source: SourceModel,
         notes.append("gate 2's artifact-weights reference took the source's values for tensors the artifact "
                      "does not hold as the source names them (see gate 1's inventory)")
     checkpoint = ArtifactCheckpoint(artifact, layout, inventory.pairs, plain)
-    return HFModel(source.root, checkpoint=checkpoint, **flags), HFModel(source.root, **flags), notes
+    return (HFModel(source.root, checkpoint=checkpoint, causal=causal, classifier=classifier),
+            HFModel(source.root, causal=causal, classifier=classifier), notes)

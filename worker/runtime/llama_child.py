@@ -73,7 +73,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> int:
             request, _ = read_frame(requests)
         except EOFError:
             return 0
-        name = request.get("call")
+        name = str(request.get("call"))
         if name == "close":
             candidate.close()
             return 0

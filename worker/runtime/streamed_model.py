@@ -123,7 +123,7 @@ def _parameters_on_meta() -> Iterator[None]:
             placed = module._parameters[name]
             module._parameters[name] = type(placed)(placed.to("meta"), requires_grad=placed.requires_grad)
 
-    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
