@@ -22,8 +22,7 @@ How the pods get what they need, honestly:
   model store needs until the chart can mount one itself (see kube/README.md);
 - Postgres stays on this machine's loopback: pods reach it through `KubeNode.relay`, on the node
   address, and the chart's NetworkPolicy names that port;
-- the chart has one image value: it is installed with the api image, and the worker image is set in
-  its ConfigMap (CONVGATE_KUBERNETES__IMAGE) before the API pod is restarted (see kube/README.md).
+- the chart is installed with the api image (`image`) and the worker image (`worker.image`).
 
 Still on the pod runner, because they need a fault or a pause the tests inject into a worker *process*
 (SIGSTOP to hold it running, an OOM on request at a chosen shard): the issue-9 scenarios of
@@ -178,7 +177,7 @@ class Deployment:
         self._helm_install(images, values)
         self.timings["helm install (hook included)"] = time.monotonic() - t0
         t1 = time.monotonic()
-        self._worker_image(images["worker"])
+        self._rolled_out()
         self._port_forward()
         self.timings["API pod ready + port-forward"] = time.monotonic() - t1
         return self
@@ -236,13 +235,15 @@ class Deployment:
         relay_host, relay_port = self.node.relay(5432)
         pod_db = self.database_url.replace("@127.0.0.1:5432/", f"@{relay_host}:{relay_port}/")
         repository, tag = images["api"].rsplit(":", 1)
+        worker_repository, worker_tag = images["worker"].rsplit(":", 1)
         merged = _merge({
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
             "api": {"replicas": 1, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                                                  "limits": {"cpu": "1", "memory": "1Gi"}}},
             "database": {"url": pod_db},
             "kueue": {"localQueue": "convgate", "createLocalQueue": True, "clusterQueue": self.namespace},
-            "worker": {"resources": {"requests": {"cpu": "500m", "memory": "2Gi", "ephemeral-storage": "1Gi"},
+            "worker": {"image": {"repository": worker_repository, "tag": worker_tag},
+                       "resources": {"requests": {"cpu": "500m", "memory": "2Gi", "ephemeral-storage": "1Gi"},
                                      "limits": {"cpu": "2", "memory": "3Gi", "ephemeral-storage": "4Gi"}},
                        "scratchSizeLimit": "4Gi", "activeDeadlineSeconds": 1200, "ttlSecondsAfterFinished": 3600},
             "dispatch": {"pollSeconds": 1, "leaseSeconds": 30, "maxAttempts": 3},
@@ -282,17 +283,9 @@ class Deployment:
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
-    def _worker_image(self, worker: str) -> None:
-        """The chart has a single image value: point the dispatcher's Jobs at the worker image (and, while
-        needed, set the policies: `configured_policies`), then restart the API pod so it reads the
-        ConfigMap again."""
+    def _rolled_out(self) -> None:
+        """Wait for the API Deployment's pod (helm install does not wait for it)."""
         ns = self.namespace
-        data = {"CONVGATE_KUBERNETES__IMAGE": worker}
-        if (policies := configured_policies()) is not None:
-            data["CONVGATE_POLICIES"] = policies
-        self.api.merge_patch(f"/api/v1/namespaces/{ns}/configmaps/{RELEASE}", {"data": data})
-        self.api.merge_patch(f"/apis/apps/v1/namespaces/{ns}/deployments/{RELEASE}", {"spec": {"template": {
-            "metadata": {"annotations": {"convgate.io/worker-image": worker}}}}})
 
         def rolled_out() -> bool:
             d = self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{RELEASE}")
@@ -323,26 +316,6 @@ class Deployment:
                      f"/api/v1/persistentvolumes/{name}"):
             with contextlib.suppress(Exception):
                 self.api.delete(path)
-
-
-def configured_policies() -> str | None:
-    """CONVGATE_POLICIES for the API pod, or None for the chart's own. While the engine's gate-2 thresholds
-    are not measured (issue 20: worker/thresholds.py's MEASURED is empty, so the default policy does not
-    validate and every worker exits at its first line), the operator-configured default names explicit
-    thresholds: a policy of these tests, recorded with its hash in each verdict like any configured
-    policy, not a measured default. It goes into the ConfigMap, not through the chart's `policies`
-    value: the chart's values schema still names the engine's earlier compute classes."""
-    from worker.policy import COMPUTE_CLASSES, Policy
-    from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS
-
-    if DEFAULT_RUNTIME_THRESHOLDS:
-        return None
-    exact = {"min_cosine": 0.9999, "max_logits_nmse": 0.001, "max_kl_mean": 0.001, "max_kl_p99": 0.01,
-             "min_top1_agreement": 0.99}
-    quantized = {"min_cosine": 0.999, "max_logits_nmse": 0.01, "max_kl_mean": 0.01, "max_kl_p99": 0.1,
-                 "min_top1_agreement": 0.95}
-    policy = Policy(runtime={c: exact if c in ("f32", "f16", "bf16") else quantized for c in COMPUTE_CLASSES})
-    return json.dumps({"default": policy.model_dump(mode="json")})
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

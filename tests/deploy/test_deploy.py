@@ -328,3 +328,19 @@ def test_values_schema_refuses_an_accelerator_and_unknown_keys():
                                 timeout=120, check=False)
         assert result.returncode != 0 and "schema" in result.stderr.lower(), result.stderr
     assert json.loads((CHART / "values.schema.json").read_text())["additionalProperties"] is False
+
+
+def test_the_worker_jobs_run_the_worker_image_and_the_api_runs_image():
+    """Two Dockerfile targets, two values: the API Deployment and the migration hook run `image` (the api
+    target, no torch), the dispatcher's Jobs `worker.image`; an empty worker field takes `image`'s."""
+    def images(*values: str) -> tuple[set[str], str]:
+        docs = render("--set", "image.repository=reg/convgate-api", "--set-string", "image.tag=1.2", *values)
+        pods = {c["image"] for doc in docs if doc["kind"] in ("Deployment", "Job")
+                for c in doc["spec"]["template"]["spec"]["containers"]}
+        config_map = next(doc for doc in docs if doc["kind"] == "ConfigMap")
+        return pods, config_map["data"]["CONVGATE_KUBERNETES__IMAGE"]
+
+    both = images("--set", "worker.image.repository=reg/convgate-worker", "--set-string", "worker.image.tag=1.3")
+    assert both == ({"reg/convgate-api:1.2"}, "reg/convgate-worker:1.3")
+    assert images("--set", "worker.image.repository=reg/convgate-worker")[1] == "reg/convgate-worker:1.2"
+    assert images() == ({"reg/convgate-api:1.2"}, "reg/convgate-api:1.2")

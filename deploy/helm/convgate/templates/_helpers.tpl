@@ -14,6 +14,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end -}}
 
+{{- define "convgate.workerImage" -}}
+{{- $image := .Values.worker.image | default dict -}}
+{{ printf "%s:%s" (default .Values.image.repository $image.repository) (default (default .Chart.AppVersion .Values.image.tag) $image.tag) }}
+{{- end -}}
+
 {{- define "convgate.databaseSecret" -}}
 {{- if .Values.database.existingSecret -}}{{ .Values.database.existingSecret }}{{- else -}}{{ include "convgate.fullname" . }}-database{{- end -}}
 {{- end -}}
