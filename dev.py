@@ -3,7 +3,9 @@
 
 Needs nothing but Python 3.11: it creates `.venv` in the repository on first use, installs the
 project (torch pinned to the CPU build first, so nothing pulls a CUDA wheel), builds the real-model
-fixtures into `.fixtures/` and then runs. Re-installs only when pyproject.toml changes.
+fixtures and then runs. Re-installs only when pyproject.toml changes. The fixtures (5 GB of models and
+their conversions) live in the cache outside the repository, each rebuilt only when its builder or the
+converter's version changes, so a clean clone reuses them; `.fixtures` in the repository links there.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
 STAMP = VENV / ".convgate-installed"
 TORCH = "torch==2.13.0"
-FIXTURES = ROOT / ".fixtures"
 LLAMA_CPP = "llama-cpp-python==0.3.36"
 # A portable CPU build: the default -march=native bakes in this host's AMX and AVX-512, which a VM may
 # not let a process use (SIGILL in the Q8_0 matmul on these machines) and another CI host may lack.
 LLAMA_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
                     "-DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
 CACHE = Path(os.environ.get("CONVGATE_CACHE", Path.home() / ".cache" / "convgate"))
+FIXTURES = CACHE / "fixtures"
 
 
 def _run(*args: str | Path, env: dict[str, str] | None = None) -> int:
@@ -75,6 +77,10 @@ def ensure_venv() -> None:
 
 
 def build_fixtures(*names: str) -> None:
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    link = ROOT / ".fixtures"
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(FIXTURES, target_is_directory=True)  # the scripts' default --fixtures
     _check(PYTHON, ROOT / "scripts" / "build_fixtures.py", "--out", FIXTURES, *names)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -170,7 +172,13 @@ TINY_LLAMA_CONFIG = {
 
 def build_tiny_llama(cache: Path) -> None:
     """A small random llama (GQA: 4 heads, 2 KV heads) with a real tokenizer rebuilt offline from
-    llama.cpp's ggml-vocab-llama-spm.gguf, converted by llama.cpp's converter (which permutes Q/K)."""
+    llama.cpp's ggml-vocab-llama-spm.gguf, converted by llama.cpp's converter (which permutes Q/K).
+
+    It ships the `tokenizer.model` llama models ship, written from the same vocabulary: without one the
+    converter takes its tokenizer.json path for llama, which writes every score as -1000, and llama.cpp's
+    SentencePiece tokenizer then merges by position instead of by score ("Numbers" becomes "Num"+"bers"
+    where transformers has "Number"+"s"): a real defect of that path, which the pre-tokenizer probe catches,
+    not an honest fixture."""
     tree = llama_cpp_tree(cache)
     out = cache / "tiny-llama"
     out.mkdir(exist_ok=True)
@@ -183,6 +191,9 @@ def build_tiny_llama(cache: Path) -> None:
         tokenizer.eos_token = "</s>"  # the rebuild names <s> as EOS; llama's SentencePiece vocabulary ends with </s>
         tokenizer.save_pretrained(tmp)
         (tmp / "tokenizer.model").unlink(missing_ok=True)  # not a valid SentencePiece model when rebuilt
+        from fixtures_decoders import _write_sentencepiece
+
+        _write_sentencepiece(tree / "models" / "ggml-vocab-llama-spm.gguf", tmp / "tokenizer.model", dummy_prefix=True)
         torch.manual_seed(0)
         config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, **TINY_LLAMA_CONFIG)
@@ -305,6 +316,49 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
 }
 
 
+# pip's downloads, the converter's tree (per version) and the stamps themselves belong to no builder
+SHARED = {"downloads", ".stamps"}
+
+
+# builders that convert another builder's output: they are rebuilt when it is
+DEPENDS_ON = {"imatrix": ("tiny-llama",), "configs-v4": ("decoders", "arch-modernbert")}
+
+
+def builder_key(name: str) -> str:
+    """What a builder's outputs depend on: its code (its whole module when it has one of its own), the
+    builders it converts the output of, and the versions of the converter and of transformers."""
+    builder = BUILDERS[name]
+    module = inspect.getmodule(builder)
+    own = module is None or Path(inspect.getsourcefile(builder) or "").name == Path(__file__).name
+    code = inspect.getsource(builder if own else module)  # type: ignore[arg-type]
+    versions = f"{metadata.version('llama-cpp-python')}/{metadata.version('transformers')}"
+    inputs = " ".join(builder_key(other) for other in DEPENDS_ON.get(name, ()))
+    return hashlib.sha256(f"{versions}\n{inputs}\n{code}".encode()).hexdigest()[:16]
+
+
+def run_builder(name: str, out: Path) -> None:
+    """Run one builder; when its key changed since it last ran, first remove what it made then. The cache
+    lives outside the repository (dev.py), so a clean clone reuses what an earlier run built."""
+    stamp = out / ".stamps" / f"{name}.json"
+    record = json.loads(stamp.read_text(encoding="utf-8")) if stamp.exists() else None
+    key = builder_key(name)
+    if record is not None and record["key"] != key:
+        log(f"{name}: its builder changed, rebuilding {', '.join(record['outputs']) or 'it'}")
+        for entry in record["outputs"]:
+            target = out / entry
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+        record = None
+    before = {p.name for p in out.iterdir()}
+    BUILDERS[name](out)
+    made = {p.name for p in out.iterdir() if not p.name.startswith("llama.cpp-")} - before - SHARED
+    outputs = sorted(made | set(record["outputs"] if record else ()))
+    stamp.parent.mkdir(exist_ok=True)
+    stamp.write_text(json.dumps({"key": key, "outputs": outputs}), encoding="utf-8")
+
+
 def main() -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -314,7 +368,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.names or BUILDERS:
-        BUILDERS[name](args.out)
+        run_builder(name, args.out)
     log("fixtures ready")
 
 

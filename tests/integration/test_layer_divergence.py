@@ -13,6 +13,7 @@ import torch
 from tests.conftest import codes, defect_copy, run_gates
 from worker.blockers import Blocker
 from worker.formats.gguf_structure import read_layout
+from worker.gates import runtime as runtime_gate
 from worker.gates.layer_divergence import (
     LAYER_MARGIN,
     MAX_TRACE_POSITIONS,
@@ -26,18 +27,19 @@ from worker.gates.layer_divergence import (
     relative_error,
 )
 from worker.gates.relevance_parity import RERANK_SET
-from worker.quant.precision import PRECISION_CLASSES, precision_class
+from worker.quant.compute import COMPUTE_CLASSES, compute_classes
 from worker.runtime import layer_trace
 from worker.runtime.layer_trace import TraceError, trace_layers
 from worker.runtime.llama_candidate import LlamaCandidate
-from worker.texts import Text
+from worker.texts import PROBE_TEXTS, Text
 
 ENGLISH = (
     "How do I verify that a converted model matches the original weights?",
     "Platform teams gate every quantized model before it ships.",
     "a",
 )
-GATE2_PREFIXES = ("embedding.", "logits.", "rerank.", "measurement.")
+MEASURED_TEXTS = ENGLISH + tuple(t.text for t in PROBE_TEXTS)  # the probe is measured on every run
+GATE2_PREFIXES = ("embedding.", "logits.", "rerank.", "measurement.", "quality.")
 
 
 def _scale_f16(factor: float):
@@ -47,7 +49,23 @@ def _scale_f16(factor: float):
     return mutate
 
 
+def _source_as_correctness_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rerankers have no default quality budget (no trained reranker was measured), so a weight defect is
+    gate 1's alone. To drive the trace on a reranker, the correctness reference is swapped for the source's
+    weights (a fake: the real artifact reference runs the defective weights too), which makes the planted
+    defect a correctness failure the trace must place."""
+    real = runtime_gate.references
+
+    def source_twice(*args, **kwargs):
+        _, from_source, notes = real(*args, **kwargs)
+        return from_source, from_source, notes
+
+    monkeypatch.setattr(runtime_gate, "references", source_twice)
+
+
 def _divergence(source: Path, artifact: Path) -> tuple[dict, list]:
+    """A weight defect in a float file: correctness passes (transformers runs the same defective weights),
+    the gap to the source is over the float budget, and the trace against the source names the layer."""
     report = run_gates(source, artifact, {2}, texts=ENGLISH)
     gate2 = [b for b in report.blockers if b.code.startswith(GATE2_PREFIXES)]
     assert gate2, f"the planted defect did not fail gate 2: {codes(report)}"
@@ -60,10 +78,13 @@ def test_decoder_defect_in_last_block_first_diverges_there(tiny_llama, tmp_path)
     # every decoder fixture has two blocks: the defect goes in the second, the first must stay clean
     twin = defect_copy(tiny_llama / "tiny-llama-F16.gguf", tmp_path, "blk.1.attn_output.weight", _scale_f16(1.5))
     divergence, blockers = _divergence(tiny_llama / "source", twin)
-    tolerance = layer_tolerance("float")
+    tolerance = layer_tolerance(("f16",))
+    assert divergence["against"] == "the source's weights"
+    assert {b.code for b in blockers} <= {"quality.kl_above_budget", "quality.same_top_below_budget",
+                                          "quality.ppl_above_budget"}
     assert divergence["layers"][0] <= tolerance < divergence["layers"][1]
     assert divergence["first_divergent_layer"] == 1
-    assert divergence["text"] in ENGLISH
+    assert divergence["text"] in MEASURED_TEXTS
     assert all("first diverges at layer 1" in b.why for b in blockers)
 
 
@@ -78,7 +99,7 @@ def test_defect_after_the_last_block_leaves_every_layer_within_tolerance(tiny_ll
     divergence, blockers = _divergence(tiny_llama / "source", twin)
     assert divergence["first_divergent_layer"] is None
     assert max(divergence["layers"]) <= divergence["tolerance"]
-    agree = ("; every layer agrees within 0.041 on the traced text, so the models part after the last layer "
+    agree = ("; every layer agrees within 0.0055 on the traced text, so the models part after the last layer "
              "(output norm, pooling, head) or before the first (token ids)")
     assert all(b.why.endswith(agree) for b in blockers)
 
@@ -96,7 +117,7 @@ def test_honest_file_has_no_divergence_entry(tiny_llama):
 ])
 def test_honest_curve_stays_under_its_class_tolerance(folder, artifact, minilm, tiny_llama):
     root = {"minilm": minilm, "tiny-llama": tiny_llama}[folder]
-    tolerance = layer_tolerance(precision_class(read_layout(root / artifact)))
+    tolerance = layer_tolerance(compute_classes(read_layout(root / artifact)))
     curves = measure_curves(root / "source", root / artifact, ENGLISH)
     assert all(0 < error <= tolerance for curve in curves for error in curve)
     assert len(curves) == len(ENGLISH) and {len(curve) for curve in curves} == {6 if folder == "minilm" else 2}
@@ -104,7 +125,8 @@ def test_honest_curve_stays_under_its_class_tolerance(folder, artifact, minilm, 
 
 @pytest.mark.coverage(arch="bert (reranker, XLM-RoBERTa)", types=("F16",), imatrix=False, proves="NO-GO",
                       gates="2", defect="blk.1.attn_output scaled by 1.5")
-def test_reranker_defect_names_the_pair_and_its_layer(bge_reranker, tmp_path):
+def test_reranker_defect_names_the_pair_and_its_layer(bge_reranker, tmp_path, monkeypatch):
+    _source_as_correctness_reference(monkeypatch)
     twin = defect_copy(bge_reranker / "F16.gguf", tmp_path, "blk.1.attn_output.weight", _scale_f16(1.5))
     divergence, blockers = _divergence(bge_reranker / "source", twin)
     first_query = next(b.text for b in blockers if b.text is not None)
@@ -142,12 +164,13 @@ def test_relative_error_and_the_first_layer_beyond_tolerance():
 
 
 def test_tolerance_is_the_margin_over_the_worst_honest_error_rounded_outward():
-    for precision in PRECISION_CLASSES:
-        worst = max(m.worst for m in MEASURED_LAYERS if m.precision == precision)
-        assert LAYER_MARGIN * worst <= layer_tolerance(precision) <= 1.1 * LAYER_MARGIN * worst
-    assert layer_tolerance("float") < layer_tolerance("8bit") < layer_tolerance("4bit") < layer_tolerance("lower")
-    with pytest.raises(ValueError, match="no honest per-layer error measured"):
-        layer_tolerance("2bit")  # type: ignore[arg-type]
+    for name in COMPUTE_CLASSES:
+        worst = max(m.worst for m in MEASURED_LAYERS if m.compute == name)
+        assert LAYER_MARGIN * worst <= layer_tolerance((name,)) <= 1.1 * LAYER_MARGIN * worst
+    assert layer_tolerance(("f16",)) < layer_tolerance(("bf16",)) < layer_tolerance(("q8_k",))
+    assert layer_tolerance(("f16", "q8_0")) == layer_tolerance(("q8_0",))  # a mixed file: its coarsest class
+    with pytest.raises(ValueError):
+        layer_tolerance(("2bit",))  # type: ignore[arg-type]
 
 
 @pytest.mark.coverage(arch="bert", types=("F16",), imatrix=False, proves="NO-GO", gates="2",
@@ -155,10 +178,10 @@ def test_tolerance_is_the_margin_over_the_worst_honest_error_rounded_outward():
 def test_encoder_defect_in_block_2_first_diverges_at_layer_2(minilm, tmp_path):
     twin = defect_copy(minilm / "minilm-F16.gguf", tmp_path, "blk.2.ffn_down.weight", _scale_f16(1.5))
     divergence, blockers = _divergence(minilm / "source", twin)
-    tolerance = layer_tolerance("float")
+    tolerance = layer_tolerance(("f16",))
     assert divergence["tolerance"] == tolerance
-    assert divergence["criterion"] == "relative L2 error per layer > 3x the worst honest float"
-    assert divergence["text"] in ENGLISH
+    assert divergence["criterion"] == "relative L2 error per layer > 3x the worst honest f32/f16"
+    assert divergence["text"] in MEASURED_TEXTS
     assert len(divergence["layers"]) == 6
     assert max(divergence["layers"][:2]) <= tolerance < divergence["layers"][2]
     assert divergence["first_divergent_layer"] == 2
@@ -226,15 +249,15 @@ def test_a_failed_decode_and_a_failed_trace_are_reported_not_raised(tiny_llama):
         blocker = Blocker(code="logits.kl_above_threshold", gate="runtime", why="kl_mean 1 vs max 0.1")
         details: dict = {"logits": {"per_text": [{"label": "t", "kl_mean": 1.0}]}}
         found = locate_divergence([blocker], details, texts=(Text("t", "a"),), model=SimpleNamespace(model=None),
-                                  candidate=candidate, architecture="bert", precision="8bit")
+                                  candidate=candidate, architecture="bert", classes=("q8_0",))
         long_text = {"logits": {"per_text": [{"label": "t", "kl_mean": 1.0}]}}
         locate_divergence([blocker], long_text, texts=(Text("t", "a b" * 100),), model=SimpleNamespace(model=None),
-                          candidate=candidate, architecture="bert", precision="8bit")
+                          candidate=candidate, architecture="bert", classes=("q8_0",))
     finally:
         candidate.close()
     assert details["layer_divergence"]["text"] == "a"
     assert details["layer_divergence"]["positions"] == 2  # BOS, "a"
-    assert details["layer_divergence"]["tolerance"] == layer_tolerance("8bit")
+    assert details["layer_divergence"]["tolerance"] == layer_tolerance(("q8_0",))
     assert details["layer_divergence"]["error"].startswith("TraceError: no output captured")
     assert "layers" not in details["layer_divergence"]
     assert long_text["layer_divergence"]["positions"] == MAX_TRACE_POSITIONS

@@ -231,9 +231,11 @@ def _suffix(divergence: dict[str, Any]) -> str:
 
 
 def locate_divergence(found: list[Blocker], details: dict[str, Any], *, texts: Sequence[Text], model: Any,
-                      candidate: Any, architecture: str, classes: Sequence[ComputeClass]) -> list[Blocker]:
-    """When gate 2's comparison failed: trace the first failing text layer by layer, put the curve in
-    `details["layer_divergence"]` and name the first divergent layer in every blocker's `why`."""
+                      candidate: Any, architecture: str, classes: Sequence[ComputeClass],
+                      against: str = "the artifact's own weights") -> list[Blocker]:
+    """When gate 2's comparison failed: trace the first failing text layer by layer against `model`
+    (transformers on `against`), put the curve in `details["layer_divergence"]` and name the first divergent
+    layer in every blocker's `why`."""
     if not found:
         return found
     chosen = failing_input(found, details, texts, candidate)
@@ -241,8 +243,8 @@ def locate_divergence(found: list[Blocker], details: dict[str, Any], *, texts: S
         return found
     text, ids = chosen[0], chosen[1][:MAX_TRACE_POSITIONS]
     tolerance = layer_tolerance(classes)
-    divergence: dict[str, Any] = {"text": text, "positions": len(ids), "tolerance": tolerance, "criterion":
-                                  f"relative L2 error per layer > {LAYER_MARGIN:g}x the worst honest "
+    divergence: dict[str, Any] = {"text": text, "positions": len(ids), "tolerance": tolerance, "against": against,
+                                  "criterion": f"relative L2 error per layer > {LAYER_MARGIN:g}x the worst honest "
                                   f"{'/'.join(classes)}"}
     try:
         errors = layer_curve(model.model, candidate, architecture, ids)

@@ -143,8 +143,10 @@ def _measure(kind: ModelKind, sides: Sides, sentence: SentenceConfig, tokens_equ
     return found, measured
 
 
-def _quality(sides: Sides, layout: GGUFLayout, policy: Policy, details: dict[str, Any]) -> list[Blocker]:
-    """The gap to the source per slice, and the policy's budget for the file's precision class on it."""
+def _quality(sides: Sides, layout: GGUFLayout, policy: Policy, details: dict[str, Any],
+             traced: bool) -> list[Blocker]:
+    """The gap to the source per slice, and the policy's budget for the file's precision class on it; a float
+    file over budget is traced against the source unless a correctness failure was already traced."""
     precision = precision_class(layout)
     summary = sides.gap.summary()
     budget = policy.quality[precision]
@@ -153,7 +155,19 @@ def _quality(sides: Sides, layout: GGUFLayout, policy: Policy, details: dict[str
                           "slice_budgets": {k: v.model_dump(exclude_none=True)
                                             for k, v in policy.quality_slices.items()},
                           "retrieval_top1_equal_to_source": sides.gap.retrieval_top1_equal}
-    return sides.gap.judge(summary, budget, policy.quality_slices)
+    over_budget = sides.gap.judge(summary, budget, policy.quality_slices)
+    if over_budget and not traced and precision == "float":
+        return _locate_source_gap(over_budget, details, sides, layout)
+    return over_budget
+
+
+def _locate_source_gap(over_budget: list[Blocker], details: dict[str, Any], sides: Sides,
+                       layout: GGUFLayout) -> list[Blocker]:
+    """A float file's weights are the source's up to rounding, so its gap to the source is not a
+    quantization cost but a defect (gate 1 names the tensor when it ran): trace where it starts."""
+    return locate_divergence(over_budget, details, texts=sides.texts, model=sides.source, candidate=sides.candidate,
+                             architecture=str(layout.metadata.get("general.architecture")),
+                             classes=compute_classes(layout), against="the source's weights")
 
 
 def _described(kind: ModelKind, n_ctx: int, texts: tuple[Text, ...], skipped: list[str], layout: GGUFLayout,
@@ -228,7 +242,7 @@ def run_runtime_gate(
         blockers.extend(locate_divergence(found, details, texts=texts, model=correct, candidate=candidate,
                                           architecture=str(layout.metadata.get("general.architecture")),
                                           classes=classes))
-        blockers.extend(_quality(sides, layout, policy, details))
+        blockers.extend(_quality(sides, layout, policy, details, traced=bool(found)))
         progress("runtime", 3, 3)
         tokenizer = TokenizerEvidence(hf=hf_ids, llama=llama_ids, tokenizer_json=hf.raw,
                                       metadata=dict(layout.metadata), ids_exact=policy.token_ids_exact,
