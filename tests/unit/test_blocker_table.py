@@ -12,8 +12,8 @@ from worker.blockers import BLOCKER_CODES, Blocker
 
 ENGINE = Path(__file__).resolve().parents[2] / "worker"
 CODE_LITERAL = re.compile(r'"((?:gguf|source|tensor|metadata|verifier|measurement|gate|artifact|tokenizer|embedding'
-                          r'|imatrix)'
-                          r'\.(?!json"|chat_template"|datasets"|chunk_count"|chunk_size")[a-z0-9_]+)"')
+                          r'|imatrix|quality|runtime|chat|logits|rerank)'
+                          r'\.(?!json"|chat_template"|datasets"|chunk_count"|chunk_size"|model")[a-z0-9_]+)"')
 
 
 def test_every_code_used_in_the_engine_is_in_the_table():

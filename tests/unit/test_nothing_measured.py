@@ -12,6 +12,7 @@ from worker.gates.release import _remeasure_logits
 from worker.gates.runtime import RuntimeMeasurements, nothing_measured, run_runtime_gate
 from worker.gates.storage import run_storage_gate
 from worker.policy import Policy
+from worker.texts import submitted_texts
 
 
 def test_gate1_with_no_tensor_compared_is_not_run(tmp_path):
@@ -35,10 +36,11 @@ def test_gate2_with_every_text_longer_than_the_context_is_not_run(minilm):
     artifact = minilm / "minilm-F16.gguf"
     long_text = "word " * 4000
     result, blockers, measured = run_runtime_gate(artifact, read_layout(artifact), open_source(minilm / "source"),
-                                                  Policy(), user_texts=(long_text,))
+                                                  Policy(), submitted=submitted_texts([long_text], None))
     assert result.status == "not_run", result.details
     assert [b.code for b in blockers] == ["gate.not_run"]
     assert "longer than the context" in blockers[0].why and result.details["skipped_texts"] == ["line-1"]
+    assert all(label.startswith("probe-") for label in result.details["texts"])  # measured, but not the model's
     assert measured is None
 
 

@@ -1,4 +1,4 @@
-"""The bounded reader of a SentencePiece tokenizer.model: the pieces and types the converter reads, and a
+"""The bounded reader of a SentencePiece tokenizer.model: the pieces, types and scores the converter reads, and a
 clear `source.bad_file` for bytes that are not such a model, never a hang or an IndexError."""
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ def _piece(text: str, kind: int | None) -> bytes:
 def test_pieces_and_their_types_in_id_order_with_other_fields_skipped():
     model = _piece("<unk>", 2) + _piece("<s>", 3) + _piece("▁the", None) + _piece("<0x0A>", 6)
     model += _field(2, _varint(3 << 3) + _varint(2))  # trainer_spec, ignored
-    assert read_pieces(model) == [("<unk>", 2), ("<s>", 3), ("▁the", 1), ("<0x0A>", 6)]
+    assert read_pieces(model) == [("<unk>", 2, -1.5), ("<s>", 3, -1.5), ("▁the", 1, -1.5), ("<0x0A>", 6, -1.5)]
+
+
+def test_a_piece_without_a_score_scores_zero_as_protobuf_defaults_it():
+    assert read_pieces(_field(1, _field(1, b"a"))) == [("a", 1, 0.0)]
 
 
 @pytest.mark.parametrize(("data", "why"), [

@@ -5,10 +5,14 @@ IsControl, IsByte...), not from tokenizer.json; a transformers 5 source keeps th
 strings but not in what tokenizer.json calls special. Gate 1 must derive the types as the converter does,
 so it reads the same file, with our own reader (the file is untrusted input like every other): every
 length is checked against the bytes left before anything is sliced, nothing recurses, and only
-`ModelProto.pieces` (field 1) and, inside each, `piece` (1) and `type` (3) are kept.
+`ModelProto.pieces` (field 1) and, inside each, `piece` (1), `score` (2) and `type` (3) are kept: the
+converter writes the scores as `tokenizer.ggml.scores`, and llama.cpp's SentencePiece tokenizer merges by
+them.
 """
 
 from __future__ import annotations
+
+import struct
 
 from worker.errors import SourceError
 
@@ -58,25 +62,27 @@ def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int | byt
     return out
 
 
-def read_pieces(data: bytes) -> list[tuple[str, int]]:
-    """Every piece of the model in id order: (text, type)."""
-    pieces: list[tuple[str, int]] = []
+def read_pieces(data: bytes) -> list[tuple[str, int, float]]:
+    """Every piece of the model in id order: (text, type, score); protobuf's defaults where a field is absent."""
+    pieces: list[tuple[str, int, float]] = []
     for number, wire, value in _fields(data, 0, len(data)):
         if number != 1 or wire != _LENGTH:
             continue
         if len(pieces) >= MAX_PIECES:
             raise _malformed(f"more than {MAX_PIECES} pieces")
         assert isinstance(value, bytes)
-        text, kind = None, NORMAL
+        text, kind, score = None, NORMAL, 0.0
         for inner, inner_wire, inner_value in _fields(value, 0, len(value)):
             if inner == 1 and inner_wire == _LENGTH:
                 try:
                     text = bytes(inner_value).decode("utf-8")
                 except UnicodeDecodeError as exc:
                     raise _malformed(f"piece {len(pieces)} is not UTF-8") from exc
+            elif inner == 2 and inner_wire == _FIXED32:
+                score = struct.unpack("<f", int(inner_value).to_bytes(4, "little"))[0]
             elif inner == 3 and inner_wire == _VARINT:
                 kind = int(inner_value)
         if text is None:
             raise _malformed(f"piece {len(pieces)} has no text")
-        pieces.append((text, kind))
+        pieces.append((text, kind, score))
     return pieces

@@ -59,6 +59,19 @@ def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(params.get("full_attention", params))
 
 
+def rope_theta_origin(config: Mapping[str, Any]) -> str:
+    """Where the global rope base was read: the config key, so a report names what to fix."""
+    own = config.get("rope_parameters") or config.get("rope_scaling")
+    if isinstance(own, Mapping):
+        name = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+        if isinstance(own.get("full_attention"), Mapping) and "rope_theta" in own["full_attention"]:
+            return f"config.{name}.full_attention.rope_theta"
+        if "rope_theta" in own:
+            return f"config.{name}.rope_theta"
+    field = next((f for f in GLOBAL_THETA_FIELDS if config.get(f) is not None), "rope_theta")
+    return f"config.{field}"
+
+
 def sliding_rope_theta(config: Mapping[str, Any]) -> float | None:
     """The sliding-window layers' rope base, which the converter writes as `rope.freq_base_swa`."""
     theta = (converter_rope(config).get("sliding_attention") or {}).get("rope_theta")
@@ -123,7 +136,7 @@ def common_hyperparameters(arch: str, config: Mapping[str, Any]) -> list[Expecta
         out.append(Expectation(f"{arch}.attention.causal", False, "config.is_causal", default=True))
     rope = rope_parameters(config)
     if rope.get("rope_theta") is not None:
-        out.append(Expectation(f"{arch}.rope.freq_base", float(rope["rope_theta"]), "config rope theta",
+        out.append(Expectation(f"{arch}.rope.freq_base", float(rope["rope_theta"]), rope_theta_origin(config),
                                is_float=True, default=ROPE_FREQ_BASE_DEFAULT))
     if (swa := sliding_rope_theta(config)) is not None:
         global_theta = float(rope.get("rope_theta") or ROPE_FREQ_BASE_DEFAULT)

@@ -222,9 +222,10 @@ def run_runtime_gate(
         return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why))
     try:
         texts, skipped = text_set(submitted, hf, candidate, n_ctx)
-        if not texts:
+        if not any(not t.is_probe for t in texts):  # the probe alone is no measurement of the model's texts
             why = f"every text is longer than the context ({n_ctx} tokens): nothing was measured"
-            return _not_run(started, why, {"kind": kind, "n_ctx": n_ctx, "texts": [], "skipped_texts": skipped}, [])
+            return _not_run(started, why, {"kind": kind, "n_ctx": n_ctx, "texts": [t.label for t in texts],
+                                           "skipped_texts": skipped}, [])
         hf_ids, llama_ids = Recorded(hf.encode), Recorded(candidate.tokenize)
         tokens = check_tokenizer(texts, hf_ids, llama_ids, hf.raw, dict(layout.metadata), policy.token_ids_exact)
         details: dict[str, Any] = {}

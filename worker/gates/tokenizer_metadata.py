@@ -52,7 +52,7 @@ class TokenizerFiles:
     model_config: Mapping[str, Any]
     chat_template: str | None
     sentencepiece_model: bool = False
-    spm_pieces: tuple[tuple[str, int], ...] | None = None  # tokenizer.model's pieces, where the source has one
+    spm_pieces: tuple[tuple[str, int, float], ...] | None = None  # tokenizer.model's pieces, where there is one
     added_tokens_file: Mapping[str, Any] | None = None  # added_tokens.json
 
     @classmethod
@@ -138,19 +138,29 @@ def _converter_looks_special(token: str) -> bool:
         or (token.startswith("<｜") and token.endswith("｜>")) or (token.startswith("<unused") and token.endswith(">"))
 
 
-def _spm_vocabulary(files: TokenizerFiles, pieces: tuple[tuple[str, int], ...]) -> tuple[list[str], list[int]]:
+@dataclass(frozen=True, slots=True)
+class SpmVocabulary:
+    """What the converter's SentencePiece path writes: tokens, their types and their scores, by id."""
+
+    tokens: list[str]
+    kinds: list[int]
+    scores: list[float]
+
+
+def spm_vocabulary(files: TokenizerFiles, pieces: tuple[tuple[str, int, float], ...]) -> SpmVocabulary:
     """The converter's SentencePiece path (`_create_vocab_sentencepiece`; Phi-3's own `set_vocab`): the model's
-    pieces and types padded to vocab_size, then added_tokens.json as user-defined, then tokenizer_config.json's
-    added_tokens_decoder (control when special, or when the token looks special outside Phi-3), then for
-    Phi-3 tokenizer.json's added tokens."""
+    pieces, types and scores padded to vocab_size (-10000), then added_tokens.json as user-defined, then
+    tokenizer_config.json's added_tokens_decoder (control when special, or when the token looks special
+    outside Phi-3), then for Phi-3 tokenizer.json's added tokens; every added token scores -1000."""
     size = int(files.model_config.get("vocab_size") or len(pieces))
     tokens = [f"[PAD{i}]" for i in range(size)]
     kinds = [UNUSED] * size
-    for i, (piece, kind) in enumerate(pieces[:size]):
-        tokens[i], kinds[i] = piece, kind
+    scores = [-10000.0] * size
+    for i, (piece, kind, score) in enumerate(pieces[:size]):
+        tokens[i], kinds[i], scores[i] = piece, kind, score
     for content, token_id in (files.added_tokens_file or {}).items():
         if isinstance(token_id, int) and 0 <= token_id < size:
-            tokens[token_id], kinds[token_id] = str(content), USER_DEFINED
+            tokens[token_id], kinds[token_id], scores[token_id] = str(content), USER_DEFINED, -1000.0
     phi3 = any(str(a).startswith("Phi3") for a in files.model_config.get("architectures") or ())
     for key, data in (files.config.get("added_tokens_decoder") or {}).items():
         token_id = int(key) if str(key).isdigit() else -1
@@ -160,20 +170,23 @@ def _spm_vocabulary(files: TokenizerFiles, pieces: tuple[tuple[str, int], ...]) 
         special = bool(data.get("special")) or (not phi3 and _converter_looks_special(token))
         kinds[token_id] = CONTROL if special else USER_DEFINED
         tokens[token_id] = token if special or phi3 else token.replace("\u2581", " ")
+        scores[token_id] = -1000.0
     if phi3:  # Phi-3's converter also takes tokenizer.json's added tokens, last
         for added in files.tokenizer.get("added_tokens") or []:
             token_id = int(added["id"])
             if 0 <= token_id < size:
                 tokens[token_id] = str(added["content"])
                 kinds[token_id] = CONTROL if added.get("special") else USER_DEFINED
-    return tokens, kinds
+                scores[token_id] = -1000.0
+    return SpmVocabulary(tokens, kinds, scores)
 
 
 def vocabulary(files: TokenizerFiles, model: str) -> tuple[list[str], list[int]]:
     """Token strings and kinds by id, padded with `[PADn]` (UNUSED) to config.vocab_size; a SentencePiece
     vocabulary with its tokenizer.model as the converter reads it from that file."""
     if model == "llama" and files.spm_pieces is not None:
-        return _spm_vocabulary(files, files.spm_pieces)
+        spm = spm_vocabulary(files, files.spm_pieces)
+        return spm.tokens, spm.kinds
     by_id: dict[int, str] = {}
     vocab = files.model.get("vocab")
     if isinstance(vocab, dict):
@@ -287,7 +300,8 @@ def lowercases(files: TokenizerFiles) -> bool:
 def tokenizer_expectations(files: TokenizerFiles) -> list[Expectation]:
     """Every tokenizer key a runtime reads that the files determine (flags are checked by meaning, below)."""
     model = ggml_model(files)
-    tokens, kinds = vocabulary(files, model)
+    spm = spm_vocabulary(files, files.spm_pieces) if model == "llama" and files.spm_pieces is not None else None
+    tokens, kinds = (spm.tokens, spm.kinds) if spm is not None else vocabulary(files, model)
     scores = unigram_scores(files, len(tokens)) if model == "t5" and isinstance(files.model.get("vocab"), list) \
         else None
     quirk = _apply_sentencepiece_padding(files, tokens, kinds, scores)
@@ -300,6 +314,9 @@ def tokenizer_expectations(files: TokenizerFiles) -> list[Expectation]:
     if scores is not None:
         out.append(Expectation("tokenizer.ggml.scores", scores,
                                "tokenizer.json Unigram piece scores (float32), -10000 for padding" + quirk))
+    if spm is not None:
+        out.append(Expectation("tokenizer.ggml.scores", spm.scores, "tokenizer.model piece scores (float32), "
+                               "-10000 for padding, -1000 for added tokens"))
     if model == "bert" or "type_vocab_size" in files.model_config:
         out.append(Expectation("tokenizer.ggml.token_type_count", int(files.model_config.get("type_vocab_size", 1)),
                                "config.type_vocab_size"))
