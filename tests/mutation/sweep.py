@@ -37,9 +37,14 @@ class Outcome:
 
 
 def run_twin(source: Path, twin: Twin, workdir: Path) -> Outcome:
+    """Gate 1 first; the twin's other gates only when gate 1 alone did not catch it. A gate only ever adds
+    blockers, so a twin gate 1 catches is caught by the full run too, and gate 2 (two transformers models
+    and a llama.cpp child per twin) runs where it is the evidence."""
     path = gguf_edit.write(twin.gguf, workdir / "twin.gguf")
-    request = VerifyRequest(gates=twin.gates, texts=PROBE_TEXTS if 2 in twin.gates else None)
-    report = verify(request, LocalInputs(source=source, artifact=path), Policy())
+    report = verify(VerifyRequest(gates=frozenset({1})), LocalInputs(source=source, artifact=path), Policy())
+    if twin.gates != {1} and not caught(twin, report):
+        request = VerifyRequest(gates=twin.gates, texts=PROBE_TEXTS if 2 in twin.gates else None)
+        report = verify(request, LocalInputs(source=source, artifact=path), Policy())
     return Outcome(twin, caught(twin, report), report.verdict, explain(report))
 
 
