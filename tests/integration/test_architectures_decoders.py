@@ -59,7 +59,7 @@ def _rows(report: Report) -> dict[str, dict]:
 
 @pytest.mark.parametrize(("arch", "gguf_type"), [
     *_go("llama", "llama"), *_go("mistral", "llama (Mistral)"), *_go("qwen2", "qwen2"), *_go("qwen3moe", "qwen3moe"),
-    *_go("gemma2", "gemma2"), *_go("gemma3", "gemma3"), *_go("phi3", "phi3"),
+    *_go("gemma2", "gemma2"), *_go("gemma3", "gemma3"),
 ])
 def test_honest_conversion_is_go(honest, arch: str, gguf_type: str) -> None:
     report = honest(arch, gguf_type)
@@ -67,6 +67,23 @@ def test_honest_conversion_is_go(honest, arch: str, gguf_type: str) -> None:
     assert report.gates["runtime"].details["kind"] == "causal-lm"
     summary = _logits(report)
     assert summary["positions"] >= 30 and summary["kl_mean"] < 1e-4  # every honest F16/Q8_0 measured <= 1.1e-5
+
+
+@pytest.mark.parametrize("gguf_type", [
+    pytest.param(t, marks=pytest.mark.coverage(arch="phi3", types=(t,), imatrix=False, proves="GO", gates="1,3"))
+    for t in ("F16", "Q8_0")])
+def test_honest_phi3_differs_from_transformers_only_in_llama_cpps_builtin_chat_template(honest, gguf_type):
+    """Phi-3-mini's template (the one llama.cpp's phi-3 vocabulary carries) drops system messages; llama.cpp's
+    built-in phi3 format, which it uses without --jinja, writes them. So the honest file is NO-GO for that
+    one path, every conversation with a system message named, and correct in everything else."""
+    report = honest("phi3", gguf_type)
+    assert {b.code for b in report.blockers} == {"chat.template_mismatch"}, report.blockers
+    assert all("built-in template path" in b.why for b in report.blockers)
+    chat = report.gates["runtime"].details["chat_template"]["conversations"]
+    assert all(row["jinja"] == "equal" and row["jinja_server"] == "equal" for row in chat), chat
+    assert all(row["builtin"]["ids"][1] == 32006 for row in chat)  # <|system|>, which transformers leaves out
+    assert report.gates["storage"].status == "passed" and report.gates["release"].status == "passed"
+    assert _logits(report)["kl_mean"] < 1e-4
 
 
 # ---- llama and Mistral: Q/K head permutation ----------------------------------------------------------

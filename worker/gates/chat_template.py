@@ -35,7 +35,8 @@ CONVERSATIONS: tuple[tuple[str, tuple[dict[str, str], ...], bool], ...] = (
 )
 PATHS = {"builtin": "llama.cpp's built-in template path (llama_chat_apply_template, BOS added by the GGUF's flag)",
          "jinja": "llama-cpp-python's Jinja formatter on the GGUF's template",
-         "jinja_server": "the GGUF's template rendered as with llama-server --jinja (BOS added by the GGUF's flag)"}
+         "jinja_server": "the GGUF's template rendered as with llama-server --jinja (a leading BOS the template "
+                         "writes dropped, then BOS added by the GGUF's flag)"}
 
 
 class _Renderer(Protocol):

@@ -163,23 +163,34 @@ class LlamaCandidate:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         vocab = self.llm._model
+        bos, eos = vocab.token_get_text(self.llm.token_bos()), vocab.token_get_text(self.llm.token_eos())
         try:
-            formatter = Jinja2ChatFormatter(template.decode("utf-8", errors="replace"),
-                                            eos_token=vocab.token_get_text(self.llm.token_eos()),
-                                            bos_token=vocab.token_get_text(self.llm.token_bos()),
+            formatter = Jinja2ChatFormatter(template.decode("utf-8", errors="replace"), eos_token=eos, bos_token=bos,
                                             add_generation_prompt=add_generation_prompt)
             prompt = formatter(messages=messages).prompt  # type: ignore[arg-type]
         except Exception as exc:  # a template error is an answer here, not a crash of the child
             failed = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             return failed, failed
         return ({"ids": self.tokenize(prompt, add_special=False, parse_special=True)},
-                {"ids": self.tokenize(prompt, add_special=True, parse_special=True)})
+                {"ids": self.tokenize(_as_server_sends(prompt, bos if vocab.add_bos_token() else None,
+                                                       eos if vocab.add_eos_token() else None),
+                                      add_special=True, parse_special=True)})
 
     def trace_layers(self, architecture: str, ids: list[int]) -> np.ndarray:
         """Every layer's output for `ids`, [n_layer, n_tokens, n_embd] (see layer_trace.py)."""
         from worker.runtime.layer_trace import trace_layers
 
         return trace_layers(self.llm.model, architecture, ids)
+
+
+def _as_server_sends(prompt: str, bos: str | None, eos: str | None) -> str:
+    """What llama-server --jinja tokenizes (common/chat.cpp): a rendered prompt loses the BOS it starts with when
+    the vocabulary adds one itself, and the EOS it ends with when the vocabulary appends one."""
+    if bos and prompt.startswith(bos):
+        prompt = prompt[len(bos):]
+    if eos and prompt.endswith(eos):
+        prompt = prompt[:-len(eos)]
+    return prompt
 
 
 @functools.cache

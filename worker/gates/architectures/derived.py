@@ -110,7 +110,7 @@ class DerivedTensor:
             rows = np.ascontiguousarray(self.inverse(rows), dtype=np.float32)
         if self.rows is not None:
             (part,) = self.parts
-            whole = part.widen(np.asarray(part.as_rows()[:]))
+            whole = np.array(part.widen(np.asarray(part.as_rows()[:])), dtype=np.float32)  # a copy: F32 reads are views
             whole[self.rows] = rows
             return {part.name: whole.reshape(part.shape)}
         out, start = {}, 0
