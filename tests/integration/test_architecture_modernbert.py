@@ -71,7 +71,8 @@ def test_modernbert_with_q_and_k_rows_swapped_inside_attn_qkv_is_no_go(modernber
     report = run_gates(modernbert / "source", twin, GATES, texts=ENGLISH)
     assert report.verdict == "NO-GO"
     assert blocked_tensors(report, "tensor.value_mismatch") == {name}
-    assert "embedding.cosine_below_threshold" in codes(report)  # gate 2 sees it too
+    # gate 2 sees it too, as a gap to the source (its correctness reference runs the same swapped rows)
+    assert any(code.startswith("quality.") for code in codes(report)), codes(report)
 
 
 @pytest.mark.coverage(arch=ARCH, types=("F16",), imatrix=False, proves="NO-GO", gates="1,2",
@@ -115,6 +116,8 @@ def test_modernbert_expectations_follow_norm_eps_and_transformers_defaults() -> 
     expected = {e.key: e for e in arch.expectations()}
     assert expected["modern-bert.attention.layer_norm_epsilon"].expected == 1e-6
     assert expected["modern-bert.classifier.pooling_type"].expected == 2
-    assert expected["modern-bert.rope.freq_base"].expected == 10000.0
+    # no rope key in this config: the bases come from the saved config.json's rope_parameters, which
+    # transformers 5 always writes (test_config_generations.py reads 4.x and 5.x configs)
+    assert "modern-bert.rope.freq_base" not in expected
     assert expected["modern-bert.attention.sliding_window_pattern"].expected == 3
     assert "modern-bert.rope.freq_base_swa" not in expected

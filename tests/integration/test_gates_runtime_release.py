@@ -104,8 +104,15 @@ def test_qwen3_embedding_fixture_is_go(qwen3, gguf_type):
     assert details["embeddings"]["retrieval"]["query_prompt"].startswith("Instruct:")
 
 
-def test_qwen3_nfd_input_diverges_by_normalisation(qwen3):
-    report = run_gates(qwen3 / "source", qwen3 / "tiny-qwen3-F32.gguf", {2})
+def test_qwen3_nfd_input_diverges_by_normalisation(qwen3, tmp_path):
+    """Qwen's tokenizer.json normalises to NFC and llama.cpp does not. transformers 5's GGUF loader rebuilds
+    the fixture's tokenizer without that normalizer, so a copy of the source gets it back, as Qwen ships it."""
+    source = tmp_path / "source"
+    shutil.copytree(qwen3 / "source", source)
+    tokenizer = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["normalizer"] = {"type": "NFC"}
+    (source / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    report = run_gates(source, qwen3 / "tiny-qwen3-F32.gguf", {2})
     assert {b.code for b in report.blockers} >= {"tokenizer.ids_mismatch"}
     assert "NFC" in runtime(report)["tokenizer"]["diagnosis"]
 

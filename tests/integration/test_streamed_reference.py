@@ -19,7 +19,8 @@ from worker.errors import SourceError
 from worker.runtime import streamed_model as streamed_module
 from worker.runtime.hf_reference import HFModel
 from worker.runtime.streamed_model import (
-    RESIDENT_BYTES,
+    Loading,
+    SafetensorsCheckpoint,
     checkpoint_index,
     load_persistent_buffers,
     materialized_parameters,
@@ -175,6 +176,8 @@ def test_persistent_buffers_in_the_checkpoint_are_loaded_and_kept(tmp_path):
     from safetensors.torch import save_file
 
     class Holder(torch.nn.Module):
+        base_model_prefix = ""  # what transformers' renaming asks of a model
+
         def __init__(self) -> None:
             super().__init__()
             self.inner = torch.nn.Module()
@@ -186,7 +189,7 @@ def test_persistent_buffers_in_the_checkpoint_are_loaded_and_kept(tmp_path):
               str(tmp_path / "model.safetensors"))
     model = Holder()
     files = {"inner.ids": tmp_path / "model.safetensors", "scale": tmp_path / "model.safetensors"}
-    load_persistent_buffers(model, files, {"inner.ids": "inner.ids", "scale": "scale"})
+    load_persistent_buffers(Loading(model, SafetensorsCheckpoint(files)))
     assert model.inner.ids.tolist() == [0, 1, 2, 3] and model.inner.ids.dtype == torch.long
     assert model.scale.dtype == torch.float32 and model.scale.tolist() == [1.0, 1.0]
     assert model.kept.tolist() == [7.0, 7.0]
@@ -217,12 +220,16 @@ BIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_siz
 PROMPT = list(range(1, 65))
 SLACK_BYTES = 64 * 2**20  # allocator rounding, the first call of each kernel, Python objects
 
+STREAMED_BELOW = 1 << 28  # the child's resident limit: RESIDENT_BYTES (1 GiB) would keep this 0.8 GB model
 CHILD = """
 import json, sys
 from pathlib import Path
 import torch
 from transformers.models.qwen3 import modeling_qwen3  # noqa: F401  (imported before the baseline)
+from worker.runtime import streamed_model
 from worker.runtime.hf_reference import HFModel
+
+streamed_model.RESIDENT_BYTES = int(sys.argv[4])  # below the model, so it is streamed, not kept
 
 def hwm_kib():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -279,7 +286,8 @@ def peak_of(source: Path, mode: str) -> dict:
     file-backed pages included (the streamed reader drops each safetensors mapping after its read, so
     they only count transiently; no GGUF is mapped in this child)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(source), mode, json.dumps(PROMPT)], env=env, cwd=REPO,
+    done = subprocess.run([sys.executable, "-c", CHILD, str(source), mode, json.dumps(PROMPT), str(STREAMED_BELOW)],
+                          env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -291,7 +299,7 @@ def test_streamed_reference_peak_is_within_the_budget_from_the_shapes(tmp_path):
     block = hidden * head_dim * 2 * (BIG["num_attention_heads"] + BIG["num_key_value_heads"]) \
         + 3 * hidden * BIG["intermediate_size"]
     parameters = BIG["vocab_size"] * hidden + BIG["num_hidden_layers"] * block
-    assert parameters * 4 > 3 * RESIDENT_BYTES  # streamed, not kept: the default applies
+    assert parameters * 4 > 3 * STREAMED_BELOW  # streamed, not kept
     streamed = peak_of(source, "streamed")
     assert streamed["shape"] == [len(PROMPT), BIG["vocab_size"]] and streamed["finite"]
     budget = rss_budget(BIG, streamed["baseline_kib"] * 1024, source_bytes_per_weight=2)

@@ -115,4 +115,5 @@ def measure_reranker(sides: Sides,
         gap.append({"query": query.label, "max_abs_diff": float(np.max(np.abs(np.subtract(source, candidate)))),
                     "source_order": document_order(source), "order_equal": document_order(source) == list(order)})
     details["source_gap"] = gap
+    sides.gap.rerank_orders_differ = [row["query"] for row in gap if not row["order_equal"]]
     return found, details, RuntimeMeasurements("reranker", sides.n_ctx, rerank_orders=orders, rerank_scores=scores)

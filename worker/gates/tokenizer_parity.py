@@ -19,14 +19,15 @@ from worker.texts import Text
 # (add_special, parse_special)
 COMBINATIONS: tuple[tuple[bool, bool], ...] = ((True, True), (True, False), (False, True), (False, False))
 # GGUF keys that change how llama.cpp splits or normalises text, per tokenizer model (llama-vocab.cpp). The
-# pre-tokenizer probe blocks where a key governs what it probes; llama.cpp's WordPiece path reads none (it
-# normalises by fixed rules and ignores tokenizer.ggml.pre), so a WordPiece model's probe divergences are a
-# property of llama.cpp's support for the family, reported with the texts that show them, never of one file.
+# pre-tokenizer probe blocks where a key governs what it probes. llama.cpp's WordPiece path reads none (it
+# normalises by fixed rules and ignores tokenizer.ggml.pre), and its Unigram (t5) normaliser parts from
+# transformers' on the probe with every key exactly the source's (`\r\n` then a space gives one more `▁`,
+# XLM-R's own vocabulary), so those families' probe divergences are a property of llama.cpp's support for
+# them, reported with the texts that show them, never of one file; their keys are still judged on the
+# submitter's and the default texts.
 GOVERNING_KEYS: dict[str, tuple[str, ...]] = {
     "gpt2": ("tokenizer.ggml.pre",),
     "llama": ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces"),
-    "t5": ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces",
-           "tokenizer.ggml.precompiled_charsmap"),
 }
 DEFAULT_COMBINATION = (True, False)  # what llama.cpp's embedding and completion paths use
 PROBE = "hello"
