@@ -35,7 +35,7 @@ CHILD = Path(__file__).with_name("vocab_child.py")
 TEXTS = (*(t.text for t in PROBE_TEXTS), PROBE)  # the probe, and the word gate 2 finds the added tokens with
 # (fixture folder, a GGUF of it): every fixture whose tokenizer is BPE (tokenizer.ggml.model = gpt2)
 BPE_FIXTURES = (("smollm2", "smollm2-Q4_0.gguf"), ("tiny-qwen3", "tiny-qwen3-F16.gguf"), ("arch-qwen2", "F16.gguf"),
-                ("arch-qwen3moe", "F16.gguf"), ("imatrix-moe", "F32.gguf"))
+                ("arch-qwen3moe", "F16.gguf"), ("imatrix-moe", "Q4_K_M-imat.gguf"))
 
 
 def known_pre_types() -> list[str]:

@@ -129,7 +129,7 @@ class SourceGap:
         self.logits: dict[str, list[PositionStats]] = {}
         self.cosines: dict[str, list[tuple[str, float]]] = {}
         self.retrieval_top1_equal: bool | None = None
-        self.rerank_orders_differ: list[str] = []  # a reranker's queries whose document order is not the source's
+        self.rerank_top1_differs: list[str] = []  # a reranker's queries whose best document is not the source's
 
     def add_logits(self, text: Text, stats: PositionStats) -> None:
         self.logits.setdefault(text.slice, []).append(stats)
@@ -168,8 +168,8 @@ class SourceGap:
             if isinstance(figures.get("min_cosine"), float):
                 top1 = self.retrieval_top1_equal if name == OVERALL else None
                 found += judge_embedding(float(figures["min_cosine"]), top1, limits, where)  # type: ignore[arg-type]
-        if budget.retrieval_top1_equal and self.rerank_orders_differ:
+        if budget.retrieval_top1_equal and self.rerank_top1_differs:
             found.append(Blocker(code="quality.top1_differs_from_source", gate="runtime",
-                                 why="the documents are ranked unlike the source model ranks them for "
-                                     f"{', '.join(self.rerank_orders_differ)}"))
+                                 why="the best document is not the one the source model ranks first for "
+                                     f"{', '.join(self.rerank_top1_differs)}"))
         return found

@@ -113,7 +113,8 @@ def measure_reranker(sides: Sides,
     for query, order, candidate in zip(RERANK_SET, orders, scores, strict=True):
         source = [float(sides.source.logits(sides.hf.encode_pair(query.query, d))[0]) for d in query.documents]
         gap.append({"query": query.label, "max_abs_diff": float(np.max(np.abs(np.subtract(source, candidate)))),
-                    "source_order": document_order(source), "order_equal": document_order(source) == list(order)})
+                    "source_order": document_order(source), "order_equal": document_order(source) == list(order),
+                    "top1_equal": document_order(source)[:1] == list(order)[:1]})
     details["source_gap"] = gap
-    sides.gap.rerank_orders_differ = [row["query"] for row in gap if not row["order_equal"]]
+    sides.gap.rerank_top1_differs = [row["query"] for row in gap if not row["top1_equal"]]
     return found, details, RuntimeMeasurements("reranker", sides.n_ctx, rerank_orders=orders, rerank_scores=scores)
