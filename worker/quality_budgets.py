@@ -41,6 +41,9 @@ class QualityBudget(BaseModel):
 
     min_cosine: float | None = Field(None, ge=-1, le=1, description="embeddings: min cosine to the source")
     retrieval_top1_equal: bool = Field(False, description="embeddings: retrieval top-1 equal to the source's")
+    rerank_top1_equal: bool = Field(False, description="rerankers: each query's best document the source's; off by "
+                                    "default, as no trained reranker was measured (a random-weight one's near-tied "
+                                    "scores flip under an honest Q8_0)")
     max_kl_mean: float | None = Field(None, ge=0, description="causal LMs: mean KL(source || llama.cpp)")
     max_kl_p99: float | None = Field(None, ge=0, description="causal LMs: 99th percentile of the KL")
     min_same_top: float | None = Field(None, ge=0, le=1, description="causal LMs: share of positions whose top "

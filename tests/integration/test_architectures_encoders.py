@@ -17,6 +17,9 @@ from safetensors.numpy import load_file
 from tests.conftest import blocked_tensors, codes, defect_copy, run_gates
 from tests.gguf_rewrite import rewrite
 from worker.formats.gguf_structure import read_layout
+from worker.policy import Policy
+from worker.quality_budgets import QualityBudget
+from worker.quant.precision import PRECISION_CLASSES
 from worker.report import Report
 
 pytestmark = pytest.mark.slow
@@ -141,12 +144,15 @@ def test_a_changed_reranker_head_is_no_go_in_both_gates(bge_reranker: Path, tmp_
         values[:] = -values
 
     bad = defect_copy(bge_reranker / "F16.gguf", tmp_path, "cls.output.weight", negate)
-    report = run_gates(bge_reranker / "source", bad, {1, 2})
+    budget = QualityBudget(min_cosine=0.99, retrieval_top1_equal=True, rerank_top1_equal=True)
+    report = run_gates(bge_reranker / "source", bad, {1, 2}, Policy(quality=dict.fromkeys(PRECISION_CLASSES, budget)))
     assert report.verdict == "NO-GO"
     assert blocked_tensors(report, "tensor.value_mismatch") == {"cls.output.weight"}
-    # gate 2: llama.cpp scores the negated head as transformers does (correct), and ranks unlike the source
+    # gate 2: llama.cpp scores the negated head as transformers does (correct), and ranks unlike the source,
+    # which a policy that budgets a reranker's best documents refuses (the default reports it)
     assert "quality.top1_differs_from_source" in codes(report), codes(report)
     assert not {"rerank.score_above_threshold", "rerank.order_mismatch"} & codes(report)
+    assert not all(row["top1_equal"] for row in report.gates["runtime"].details["relevance"]["source_gap"])
 
 
 @pytest.mark.coverage(arch=RERANKER, types=("F16",), imatrix=False, proves="NO-GO",

@@ -168,7 +168,7 @@ class SourceGap:
             if isinstance(figures.get("min_cosine"), float):
                 top1 = self.retrieval_top1_equal if name == OVERALL else None
                 found += judge_embedding(float(figures["min_cosine"]), top1, limits, where)  # type: ignore[arg-type]
-        if budget.retrieval_top1_equal and self.rerank_top1_differs:
+        if budget.rerank_top1_equal and self.rerank_top1_differs:
             found.append(Blocker(code="quality.top1_differs_from_source", gate="runtime",
                                  why="the best document is not the one the source model ranks first for "
                                      f"{', '.join(self.rerank_top1_differs)}"))
