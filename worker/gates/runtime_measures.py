@@ -116,5 +116,5 @@ def measure_reranker(sides: Sides,
                     "source_order": document_order(source), "order_equal": document_order(source) == list(order),
                     "top1_equal": document_order(source)[:1] == list(order)[:1]})
     details["source_gap"] = gap
-    sides.gap.rerank_top1_differs = [row["query"] for row in gap if not row["top1_equal"]]
+    sides.gap.rerank_top1_differs = [str(row["query"]) for row in gap if not row["top1_equal"]]
     return found, details, RuntimeMeasurements("reranker", sides.n_ctx, rerank_orders=orders, rerank_scores=scores)
