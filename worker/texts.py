@@ -30,6 +30,7 @@ class Text:
     label: str
     text: str
     slice: str = SUBMITTED
+    builtin: bool = False  # ours (the default set, the probe), not the submitter's
 
     @property
     def is_probe(self) -> bool:
@@ -37,14 +38,15 @@ class Text:
 
 
 DEFAULT_TEXTS: tuple[Text, ...] = (
-    Text("english", "The quick brown fox jumps over the lazy dog.", "english"),
-    Text("english-question", "How do I verify that a converted model matches the original weights?", "english"),
-    Text("korean", "안녕하세요, 오늘 날씨가 정말 좋네요.", "korean"),
-    Text("japanese", "東京は日本の首都です。今日はいい天気ですね。", "japanese"),
-    Text("accented-nfc", unicodedata.normalize("NFC", ACCENTED), "accented"),
-    Text("accented-nfd", unicodedata.normalize("NFD", ACCENTED), "accented"),
-    Text("emoji", "Deploy succeeded 🚀🎉 — all checks green ✅", "emoji"),
-    Text("very-short", "a", "english"),
+    Text("english", "The quick brown fox jumps over the lazy dog.", "english", builtin=True),
+    Text("english-question", "How do I verify that a converted model matches the original weights?", "english",
+         builtin=True),
+    Text("korean", "안녕하세요, 오늘 날씨가 정말 좋네요.", "korean", builtin=True),
+    Text("japanese", "東京は日本の首都です。今日はいい天気ですね。", "japanese", builtin=True),
+    Text("accented-nfc", unicodedata.normalize("NFC", ACCENTED), "accented", builtin=True),
+    Text("accented-nfd", unicodedata.normalize("NFD", ACCENTED), "accented", builtin=True),
+    Text("emoji", "Deploy succeeded 🚀🎉 — all checks green ✅", "emoji", builtin=True),
+    Text("very-short", "a", "english", builtin=True),
 )
 
 # class -> a text exercising it: where llama.cpp's pre-tokenizer regexes (llama-vocab.cpp) part ways
@@ -59,7 +61,7 @@ PROBE_CLASSES: dict[str, str] = {
     "scripts": "Привет мир. Γειά σου κόσμε. مرحبا بالعالم. שלום עולם. नमस्ते दुनिया. สวัสดีชาวโลก",
     "code": "def f(x):\n    return x**2 + 1  # comment\nif (a&&b||c) { i++; } else { j--; }",
 }
-PROBE_TEXTS: tuple[Text, ...] = tuple(Text(f"probe-{name}", text, f"{PROBE_PREFIX}{name}")
+PROBE_TEXTS: tuple[Text, ...] = tuple(Text(f"probe-{name}", text, f"{PROBE_PREFIX}{name}", builtin=True)
                                       for name, text in PROBE_CLASSES.items())
 
 
@@ -87,7 +89,7 @@ def near_context_texts(context_tokens: int, count_tokens) -> tuple[Text, ...]:
             low = middle
         else:
             high = middle
-    return (Text("near-context-limit", (LONG_SENTENCE * low).strip(), "english"),)
+    return (Text("near-context-limit", (LONG_SENTENCE * low).strip(), "english", builtin=True),)
 
 
 def uncovered_inputs(texts: tuple[Text, ...]) -> list[str]:

@@ -429,9 +429,8 @@ def test_root_filesystem_is_read_only_and_the_user_is_not_root(main: Deployment)
 def test_honest_verification_runs_all_gates_in_the_worker_and_ends_go(main: Deployment,
                                                                      images: dict[str, str]) -> None:
     t0 = time.monotonic()
-    store = main.db()
     token = main.token()
-    with main.client() as http:
+    with contextlib.closing(main.db()) as store, main.client() as http:
         verification_id = main.submit(http, token)
         verification = completed(main, store, verification_id)
         events = store.events(verification_id)
@@ -459,7 +458,6 @@ def test_honest_verification_runs_all_gates_in_the_worker_and_ends_go(main: Depl
     worker = job_pod["status"]["containerStatuses"][0]
     assert worker["image"].endswith(images["worker"].split("/", 1)[1]) and job_pod["spec"]["nodeName"] == main.node.name
     assert worker["state"]["terminated"]["exitCode"] == 0
-    store.close()
     print(f"scenario 1 (gates 1-3 GO in the worker container): {time.monotonic() - t0:.1f}s")
 
 

@@ -176,7 +176,7 @@ def _described(kind: ModelKind, n_ctx: int, texts: tuple[Text, ...], skipped: li
     classes = compute_classes(layout)
     not_covered = uncovered_inputs(texts)
     if tokens.probe_divergences:
-        not_covered.append(f"probe texts {', '.join(tokens.probe_divergences)}: llama.cpp's "
+        not_covered.append(f"built-in texts {', '.join(tokens.probe_divergences)}: llama.cpp's "
                            f"{tokens.gguf_flags['model']} tokenizer splits them unlike the HF normaliser, which no "
                            "GGUF key governs (not a defect of this file); their outputs are not compared")
     return {"kind": kind, "n_ctx": n_ctx, "compute_classes": list(classes), "type_mix": type_mix(layout),
