@@ -454,9 +454,17 @@ def test_honest_verification_runs_all_gates_in_the_worker_and_ends_go(main: Depl
     assert stored is not None and stored == r.json()
     payload = json.loads(base64.b64decode(stored["payload"]))
     assert any(s.get("digest", {}).get("sha256") == digests[artifact] for s in payload.get("subject", [])), payload
-    (job_pod,) = main.pods(f"batch.kubernetes.io/job-name=convgate-{verification_id}-1")
-    worker = job_pod["status"]["containerStatuses"][0]
-    assert worker["image"].endswith(images["worker"].split("/", 1)[1]) and job_pod["spec"]["nodeName"] == main.node.name
+    selector = f"batch.kubernetes.io/job-name=convgate-{verification_id}-1"
+
+    def worker_status() -> dict[str, Any]:
+        (job_pod,) = main.pods(selector)
+        assert job_pod["spec"]["nodeName"] == main.node.name
+        return job_pod["status"]["containerStatuses"][0]
+
+    # the verdict is recorded before the worker process exits: wait for the kubelet to see it end
+    wait("the worker container terminated", lambda: "terminated" in worker_status()["state"], timeout=120)
+    worker = worker_status()
+    assert worker["image"].endswith(images["worker"].split("/", 1)[1])
     assert worker["state"]["terminated"]["exitCode"] == 0
     print(f"scenario 1 (gates 1-3 GO in the worker container): {time.monotonic() - t0:.1f}s")
 
