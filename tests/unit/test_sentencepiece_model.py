@@ -7,21 +7,9 @@ import struct
 
 import pytest
 
+from scripts.fixtures_decoders import _field, _varint  # the fixtures' protobuf writer
 from worker.errors import SourceError
 from worker.formats.sentencepiece_model import read_pieces
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _piece(text: str, kind: int | None) -> bytes:
