@@ -14,10 +14,13 @@ against its ids under the file's own name. The closing note of issue 20 quotes t
 from __future__ import annotations
 
 import json
+import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from worker.texts import PROBE_TEXTS
 
 pytestmark = pytest.mark.slow
 CHILD = Path(__file__).with_name("vocab_child.py")
+CHILDREN = min(2, os.cpu_count() or 1)  # renames are loaded this many at a time, each in its own child
 TEXTS = (*(t.text for t in PROBE_TEXTS), PROBE)  # the probe, and the word gate 2 finds the added tokens with
 # (fixture folder, a GGUF of it): every fixture whose tokenizer is BPE (tokenizer.ggml.model = gpt2)
 BPE_FIXTURES = (("smollm2", "smollm2-Q4_0.gguf"), ("tiny-qwen3", "tiny-qwen3-F16.gguf"), ("arch-qwen2", "F16.gguf"),
@@ -86,9 +90,38 @@ def replayed(ids: dict[tuple[str, tuple[bool, bool]], list[int]]) -> Any:
     return tokenize
 
 
-def _vocab_only_copy(gguf: gguf_edit.GGUFFile, pre: str, path: Path) -> Path:
+def _vocab_only_copy(gguf: gguf_edit.GGUFFile, pre: str, path: Path, encoded: dict[str, bytes]) -> Path:
     kvs = [kv if kv.key != "tokenizer.ggml.pre" else replace(kv, value=pre) for kv in gguf.kvs]
-    return gguf_edit.write(gguf_edit.GGUFFile(gguf.version, kvs, [], gguf.alignment), path)
+    return gguf_edit.write(gguf_edit.GGUFFile(gguf.version, kvs, [], gguf.alignment), path, encoded)
+
+
+def tokenized_under(gguf: gguf_edit.GGUFFile, names: list[str], folder: Path) -> dict[str, Any]:
+    """llama.cpp's ids (or why there are none) for the file with `tokenizer.ggml.pre` set to each name.
+
+    The 151k-token vocabularies are encoded once (only the renamed key changes) and loaded by CHILDREN
+    children at once: a vocabulary load is most of a rename's cost."""
+    encoded = {kv.key: gguf_edit.kv_bytes(kv) for kv in gguf.kvs if kv.key != "tokenizer.ggml.pre"}
+    idle: queue.Queue[VocabChild] = queue.Queue()
+    children = [VocabChild() for _ in range(CHILDREN)]
+    for child in children:
+        idle.put(child)
+
+    def one(name: str) -> Any:
+        child = idle.get()
+        try:
+            path = _vocab_only_copy(gguf, name, folder / f"{name}.gguf", encoded)
+            ids = child.tokenize_all(path)
+            path.unlink()
+            return ids
+        finally:
+            idle.put(child)
+
+    try:
+        with ThreadPoolExecutor(CHILDREN) as pool:
+            return dict(zip(names, pool.map(one, names), strict=True))
+    finally:
+        for child in children:
+            child.close()
 
 
 @pytest.mark.parametrize(("folder", "artifact"), BPE_FIXTURES)
@@ -99,33 +132,31 @@ def test_every_rename_whose_rules_differ_on_the_probe_is_no_go_naming_the_key(fo
     assert metadata["tokenizer.ggml.model"] == "gpt2"
     own = metadata["tokenizer.ggml.pre"]
     hf = HFTokenizer(root / "source" / "tokenizer.json")
-    child = VocabChild()
-    try:
-        truth = child.tokenize_all(_vocab_only_copy(gguf, own, tmp_path / "honest.gguf"))
-        assert isinstance(truth, dict), truth
-        result = check_tokenizer(PROBE_TEXTS, hf.encode, replayed(truth), hf.raw, metadata, True)
-        assert not result.blockers, f"the honest {folder} file is refused by the probe: {result.blockers}"
-        counts = {"renamed": 0, "differ": 0, "caught": 0, "crashed": 0, "refused_to_load": 0, "same": 0}
-        missed, died = [], []
-        for pre in (name for name in known_pre_types() if name != own):
-            counts["renamed"] += 1
-            ids = child.tokenize_all(_vocab_only_copy(gguf, pre, tmp_path / "renamed.gguf"))
-            if isinstance(ids, str):  # llama.cpp died or refused the name: gate 2 is NO-GO (crashed, load_failed)
-                counts["crashed" if ids.startswith("crashed") else "refused_to_load"] += 1
-                died.append(f"{pre} ({ids})")
-                continue
-            if ids == truth:
-                counts["same"] += 1
-                continue
-            counts["differ"] += 1
-            found = check_tokenizer(PROBE_TEXTS, hf.encode, replayed(ids), hf.raw,
-                                    {**metadata, "tokenizer.ggml.pre": pre}, True).blockers
-            if any(b.key == "tokenizer.ggml.pre" for b in found):
-                counts["caught"] += 1
-            else:
-                missed.append(pre)
-    finally:
-        child.close()
+    renames = [name for name in known_pre_types() if name != own]
+    under = tokenized_under(gguf, [own, *renames], tmp_path)
+    truth = under[own]
+    assert isinstance(truth, dict), truth
+    result = check_tokenizer(PROBE_TEXTS, hf.encode, replayed(truth), hf.raw, metadata, True)
+    assert not result.blockers, f"the honest {folder} file is refused by the probe: {result.blockers}"
+    counts = {"renamed": 0, "differ": 0, "caught": 0, "crashed": 0, "refused_to_load": 0, "same": 0}
+    missed, died = [], []
+    for pre in renames:
+        counts["renamed"] += 1
+        ids = under[pre]
+        if isinstance(ids, str):  # llama.cpp died or refused the name: gate 2 is NO-GO (crashed, load_failed)
+            counts["crashed" if ids.startswith("crashed") else "refused_to_load"] += 1
+            died.append(f"{pre} ({ids})")
+            continue
+        if ids == truth:
+            counts["same"] += 1
+            continue
+        counts["differ"] += 1
+        found = check_tokenizer(PROBE_TEXTS, hf.encode, replayed(ids), hf.raw,
+                                {**metadata, "tokenizer.ggml.pre": pre}, True).blockers
+        if any(b.key == "tokenizer.ggml.pre" for b in found):
+            counts["caught"] += 1
+        else:
+            missed.append(pre)
     print(f"\npre-tokenizer sweep on {folder} (own type {own!r}): {counts}; llama.cpp died or refused: {died}",
           file=sys.stderr)
     assert not missed, f"renames whose rules differ on the probe but passed: {missed}"

@@ -118,16 +118,22 @@ def _value(vtype: ValueType, value: Any) -> bytes:
     return _string(value) if vtype is ValueType.STRING else struct.pack(SCALAR_FORMATS[vtype], value)
 
 
-def write(gguf: GGUFFile, path: Path) -> Path:
+def kv_bytes(kv: KV) -> bytes:
+    """One key-value pair as the file stores it (sweeps that change one key reuse the others' bytes)."""
+    out = _string(kv.key) + struct.pack("<i", kv.vtype)
+    if kv.vtype is not ValueType.ARRAY:
+        return out + _value(kv.vtype, kv.value)
+    assert kv.element_type is not None
+    return out + struct.pack("<iQ", kv.element_type, len(kv.value)) + b"".join(
+        _value(kv.element_type, item) for item in kv.value)
+
+
+def write(gguf: GGUFFile, path: Path, encoded: dict[str, bytes] | None = None) -> Path:
+    """Write `gguf`; a key found in `encoded` is written as those bytes (`kv_bytes` of its value)."""
+    encoded = encoded or {}
     out = bytearray(b"GGUF" + struct.pack("<Iqq", gguf.version, len(gguf.tensors), len(gguf.kvs)))
     for kv in gguf.kvs:
-        out += _string(kv.key) + struct.pack("<i", kv.vtype)
-        if kv.vtype is ValueType.ARRAY:
-            assert kv.element_type is not None
-            out += struct.pack("<iQ", kv.element_type, len(kv.value))
-            out += b"".join(_value(kv.element_type, item) for item in kv.value)
-        else:
-            out += _value(kv.vtype, kv.value)
+        out += encoded.get(kv.key) or kv_bytes(kv)
     offset = 0
     data = bytearray()
     for tensor in gguf.tensors:

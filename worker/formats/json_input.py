@@ -8,13 +8,24 @@ the interpreter's limit, so code that later walks the value recursively cannot o
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from worker.errors import SourceError
 
 MAX_JSON_DEPTH = 64
+
+# Read off the text rather than by walking the parsed value: a real tokenizer.json holds hundreds of
+# thousands of strings, and walking them cost seconds per read. Strings are removed first (a bracket
+# inside one is not nesting); in text that is valid UTF-8 a lone surrogate can only come from a \uD800-\uDFFF
+# escape, so the value is walked only when such an escape appears.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def _encodable(text: str) -> bool:
@@ -48,6 +59,12 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
+def text_depth(text: str) -> int:
+    """Containers nested in valid JSON text (a scalar is 0, `[]` is 1): brackets outside strings."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
 def parse_json(
     raw: bytes | str, what: str, code: str = "source.bad_file",
     object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
@@ -62,13 +79,14 @@ def parse_json(
         raise SourceError(code, f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:  # JSONDecodeError, and the int-string conversion limit
         raise SourceError(code, f"{what} is not valid JSON: {str(exc)[:200]}") from exc
-    try:
-        depth = json_depth(value)
-    except ValueError as exc:
-        raise SourceError(code, f"{what} is not valid Unicode: {exc}") from exc
-    if depth > MAX_JSON_DEPTH:
+    if text_depth(text) > MAX_JSON_DEPTH:
         raise SourceError(code, f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+    if not _encodable(text) or _SURROGATE_ESCAPE.search(text):
+        try:
+            json_depth(value)
+        except ValueError as exc:
+            raise SourceError(code, f"{what} is not valid Unicode: {exc}") from exc
     return value
 
 
-__all__ = ["MAX_JSON_DEPTH", "json_depth", "parse_json"]
+__all__ = ["MAX_JSON_DEPTH", "json_depth", "parse_json", "text_depth"]

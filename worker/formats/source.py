@@ -58,14 +58,21 @@ class SourceModel:
     config: Mapping[str, Any]
     tensors: Mapping[str, SourceTensor]
     files: tuple[Path, ...] = field(default=())
+    # parsed side files: a real tokenizer.json is megabytes, and gate 1 reads it when the source is
+    # opened and again for the tokenizer metadata
+    _parsed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def read_json(self, relative: str) -> Any | None:
-        """A JSON side file of the model directory, checked for its known shape, or None when absent."""
+        """A JSON side file of the model directory, checked for its known shape, or None when absent.
+        Parsed once per opened source; callers must not change the value."""
+        if relative in self._parsed:
+            return self._parsed[relative]
         path = _inside(self.root, relative.lstrip("/"), relative, "source.bad_file")
         if not path.is_file():
             return None
         value = parse_json(path.read_bytes(), relative)
         check_side_file(relative, value)
+        self._parsed[relative] = value
         return value
 
     def read_text(self, relative: str) -> str | None:

@@ -270,6 +270,9 @@ def _apply_sentencepiece_padding(files: TokenizerFiles, tokens: list[str], kinds
     return f"; from id {start} on as the converter's {SENTENCEPIECE_FILE} path stores them ([PAD<id - 1>])"
 
 
+_SPACE_IN_MERGE = chr(ord(" ") + 256)  # U+0120, as the converter writes a space inside a merge part
+
+
 def merges(files: TokenizerFiles) -> list[str] | None:
     """BPE merges as GGUF stores them: 'left right', with spaces inside a part written as U+0120+256."""
     raw = files.model.get("merges")
@@ -277,7 +280,7 @@ def merges(files: TokenizerFiles) -> list[str] | None:
         return None
     if isinstance(raw[0], str):
         return [str(m) for m in raw]
-    return [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part) for part in pair) for pair in raw]
+    return [" ".join(part.replace(" ", _SPACE_IN_MERGE) for part in pair) for pair in raw]
 
 
 def template_specials(files: TokenizerFiles) -> tuple[tuple[int, ...], tuple[int, ...]]:
