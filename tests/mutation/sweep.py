@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,23 +39,47 @@ class Outcome:
     explanation: str
 
 
-def run_twin(source: Path, twin: Twin, workdir: Path) -> Outcome:
+def run_twin(source: Path, twin: Twin, workdir: Path) -> tuple[bool, str, str]:
     """Gate 1 first; the twin's other gates only when gate 1 alone did not catch it. A gate only ever adds
     blockers, so a twin gate 1 catches is caught by the full run too, and gate 2 (two transformers models
-    and a llama.cpp child per twin) runs where it is the evidence."""
+    and a llama.cpp child per twin) runs where it is the evidence. Returns (caught, verdict, explanation)."""
     path = gguf_edit.write(twin.gguf, workdir / "twin.gguf")
     report = verify(VerifyRequest(gates=frozenset({1})), LocalInputs(source=source, artifact=path), Policy())
     if twin.gates != {1} and not caught(twin, report):
         request = VerifyRequest(gates=twin.gates, texts=PROBE_TEXTS if 2 in twin.gates else None)
         report = verify(request, LocalInputs(source=source, artifact=path), Policy())
-    return Outcome(twin, caught(twin, report), report.verdict, explain(report))
+    path.unlink()
+    return caught(twin, report), report.verdict, explain(report)
 
 
-def sweep(source: Path, artifact: Path, workdir: Path, sample: int | None, seed: int = 0) -> list[Outcome]:
+def twins_of(artifact: Path, sample: int | None, seed: int) -> list[Twin]:
     """All metadata twins; every tensor (sample=None) or `sample` tensors chosen with `seed`."""
     honest = gguf_edit.read(artifact)
-    twins = [*metadata_twins(honest, seed), *tensor_twins(honest, sample, seed)]
-    return [run_twin(source, twin, workdir) for twin in twins]
+    return [*metadata_twins(honest, seed), *tensor_twins(honest, sample, seed)]
+
+
+_TWINS: list[Twin] = []  # a pool process's own copy: twins are rebuilt there, never pickled across
+
+
+def _load_twins(artifact: Path, sample: int | None, seed: int) -> None:
+    _TWINS[:] = twins_of(artifact, sample, seed)
+
+
+def _run_one(source: Path, index: int, workdir: Path) -> tuple[bool, str, str]:
+    folder = workdir / f"twin-{index}"
+    folder.mkdir()
+    return run_twin(source, _TWINS[index], folder)
+
+
+def sweep(source: Path, artifact: Path, workdir: Path, sample: int | None, seed: int = 0,
+          workers: int = min(2, os.cpu_count() or 1)) -> list[Outcome]:
+    """Every twin of `artifact` through the verifier, `workers` at a time (gate 1 runs on one core)."""
+    twins = twins_of(artifact, sample, seed)
+    spawn = multiprocessing.get_context("spawn")  # the parent holds llama.cpp and torch threads: no fork
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_load_twins,
+                             initargs=(artifact, sample, seed)) as pool:
+        results = pool.map(_run_one, [source] * len(twins), range(len(twins)), [workdir] * len(twins))
+        return [Outcome(twin, *result) for twin, result in zip(twins, results, strict=True)]
 
 
 def tally(outcomes: list[Outcome]) -> dict[str, Counter[str]]:
