@@ -2,10 +2,10 @@
 """One entry point for people and CI: `python3 dev.py demo` and `python3 dev.py test`.
 
 Needs nothing but Python 3.11: it creates `.venv` in the repository on first use, installs the
-project (torch pinned to the CPU build first, so nothing pulls a CUDA wheel), builds the real-model
-fixtures and then runs. Re-installs only when pyproject.toml changes. The fixtures (5 GB of models and
-their conversions) live in the cache outside the repository, each rebuilt only when its builder or the
-converter's version changes, so a clean clone reuses them; `.fixtures` in the repository links there.
+project at the versions of constraints.txt (re-installed when it or pyproject.toml changes), builds the
+real-model fixtures and then runs. The fixtures (5 GB of models and their conversions) live in the cache
+outside the repository, each rebuilt only when its builder or the converter's version changes, so a
+clean clone reuses them; `.fixtures` in the repository links there.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
 STAMP = VENV / ".convgate-installed"
+# exact versions (pyproject.toml has the bounds): a clean clone must resolve what the cached fixtures were
+# built with, or their keys (transformers', llama-cpp-python's versions) change and every one is rebuilt
+CONSTRAINTS = ROOT / "constraints.txt"
 TORCH = "torch==2.13.0"
 LLAMA_CPP = "llama-cpp-python==0.3.36"
 # A portable CPU build: the default -march=native bakes in this host's AMX and AVX-512, which a VM may
@@ -63,16 +66,17 @@ def llama_wheel() -> Path:
 
 def ensure_venv() -> None:
     """Create the virtual environment and install the project once per pyproject or build-flag change."""
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + LLAMA_CMAKE_ARGS.encode()).hexdigest()
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()
+                            + LLAMA_CMAKE_ARGS.encode()).hexdigest()
     if STAMP.exists() and STAMP.read_text() == wanted:
         return
     if not PYTHON.exists():
         venv.EnvBuilder(with_pip=True).create(VENV)
     pip = (PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q")
     _check(*pip, "--upgrade", "pip")
-    _check(*pip, TORCH)
+    _check(*pip, "-c", CONSTRAINTS, TORCH)
     _check(*pip, "--force-reinstall", "--no-deps", llama_wheel())
-    _check(*pip, "-e", f"{ROOT}[dev]")
+    _check(*pip, "-c", CONSTRAINTS, "-e", f"{ROOT}[dev]")
     STAMP.write_text(wanted)
 
 
