@@ -232,9 +232,11 @@ BESIDE = ("tests/cluster", "tests/deploy", "tests/mutation")
 def _run_halves(env: dict[str, str]) -> int:
     import threading
 
+    reports = CACHE / "last-run"  # each half's JUnit XML: every test's duration, for whoever makes the suite faster
+    reports.mkdir(parents=True, exist_ok=True)
     common = ("-m", "pytest", "--durations=20")
-    halves = {"beside": (*common, *BESIDE),
-              "main": (*common, *(f"--ignore={folder}" for folder in BESIDE))}
+    halves = {"beside": (*common, f"--junitxml={reports / 'beside.xml'}", *BESIDE),
+              "main": (*common, f"--junitxml={reports / 'main.xml'}", *(f"--ignore={folder}" for folder in BESIDE))}
     processes = {name: subprocess.Popen([str(PYTHON), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, errors="replace")
                  for name, args in halves.items()}
