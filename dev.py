@@ -223,10 +223,12 @@ def test(pytest_args: list[str]) -> int:
     return _run_halves(env)
 
 
-# The tests that mostly wait (on a kubelet, containerd, Kueue, image imports) and the mutation twins run as
-# one pytest beside another running the rest: on two cores the two halves overlap, and the whole suite
-# takes about as long as its larger half (docs/development.md#the-suite).
-BESIDE = ("tests/cluster", "tests/deploy", "tests/mutation")
+# The tests that mostly wait (on a kubelet, containerd, Kueue, image imports), the mutation twins and two
+# long integration files run as one pytest beside another running the rest: on two cores the halves overlap
+# and the suite takes about as long as its larger half; the split keeps them near equal, measured from
+# each half's JUnit XML (docs/development.md#the-suite).
+BESIDE = ("tests/cluster", "tests/deploy", "tests/mutation", "tests/integration/test_trained_models.py",
+          "tests/integration/test_benchmark_scripts.py")
 
 
 def _run_halves(env: dict[str, str]) -> int:

@@ -19,7 +19,7 @@ from worker.blockers import Blocker
 from worker.errors import CodedError, SourceError
 from worker.formats.ggml_types import ValueType
 from worker.formats.gguf_structure import GGUFLayout, read_layout
-from worker.formats.json_input import MAX_JSON_DEPTH, parse_json
+from worker.formats.json_input import MAX_JSON_DEPTH, json_depth, parse_json, text_depth
 from worker.formats.safetensors_strict import read_safetensors
 from worker.formats.source import SourceModel, open_source
 from worker.gates.runtime import context_size
@@ -124,6 +124,19 @@ def test_json_reader_refuses_deep_nesting_huge_integers_and_lone_surrogates():
             parse_json(raw, "f.json")
         assert fragment in info.value.why
     assert parse_json(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, "f.json") is not None
+    with pytest.raises(SourceError, match="lone surrogate"):  # text handed over already decoded
+        parse_json('["\ud800"]', "f.json")
+    assert parse_json(b'["\\\\ud800"]', "f.json") == ["\\ud800"]  # an escaped backslash, then plain letters
+
+
+def test_nesting_is_read_off_the_text_as_the_parsed_value_has_it():
+    """The depth is counted on the text (fast on a megabyte tokenizer.json): brackets in strings, escaped
+    quotes and backslashes must not count."""
+    import json
+
+    for text in ("1", "[]", "{}", '[[1], {"a": [2]}]', '"[[["', '{"a\\"[": [1]}', '["\\\\", [1]]',
+                 '{"]": "}", "x": [[[]]]}', '["\\"]]]"]', "[" * 70 + "]" * 70):
+        assert text_depth(text) == json_depth(json.loads(text)), text
 
 
 # --- the safetensors reader against the reference library ---------------------------------------------

@@ -59,8 +59,8 @@ class SourceModel:
     tensors: Mapping[str, SourceTensor]
     files: tuple[Path, ...] = field(default=())
     # parsed side files: a real tokenizer.json is megabytes, and gate 1 reads it when the source is
-    # opened and again for the tokenizer metadata
-    _parsed: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # opened and again for the tokenizer metadata; the gates also judge exactly what was checked at opening
+    _parsed: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def read_json(self, relative: str) -> Any | None:
         """A JSON side file of the model directory, checked for its known shape, or None when absent.
