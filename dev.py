@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import venv
 from pathlib import Path
 
@@ -232,8 +233,6 @@ BESIDE = ("tests/cluster", "tests/deploy", "tests/mutation", "tests/integration/
 
 
 def _run_halves(env: dict[str, str]) -> int:
-    import threading
-
     reports = CACHE / "last-run"  # each half's JUnit XML: every test's duration, for whoever makes the suite faster
     reports.mkdir(parents=True, exist_ok=True)
     common = ("-m", "pytest", "--durations=20")

@@ -56,7 +56,7 @@ from sqlalchemy import create_engine, text
 from service.auth import Role
 from service.config import Settings
 from service.lifecycle import State
-from tests.conftest import fixtures_root
+from tests.conftest import built
 from tests.service.conftest import PG_ADMIN, add_token
 
 from .api import Api
@@ -98,10 +98,7 @@ def images(node: KubeNode) -> dict[str, str]:
 
 
 def minilm() -> Path:
-    root = fixtures_root() / "minilm"
-    if not (root / "minilm-Q8_0.gguf").exists() or not (root / "source").is_dir():
-        pytest.skip("MiniLM fixtures are not built (python3 dev.py setup)")
-    return root
+    return built("minilm", "minilm-Q6_K.gguf")
 
 
 def sha256(path: Path) -> str:

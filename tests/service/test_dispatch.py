@@ -20,7 +20,7 @@ from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.schemas import SubmitRequest
 from service.verifications import cancel, submit
-from tests.conftest import fixtures_root
+from tests.conftest import built, fixtures_root
 from tests.service.conftest import settings_for
 
 pytestmark = pytest.mark.slow
@@ -29,10 +29,8 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "Platform teams gate ev
 
 @pytest.fixture
 def minilm_request() -> SubmitRequest:
-    root = fixtures_root() / "minilm"
+    root = built("minilm", "minilm-Q6_K.gguf")
     artifact = root / "minilm-F32.gguf"
-    if not artifact.exists():
-        pytest.skip("MiniLM fixtures are not built")
     from worker.digests import sha256_file
 
     return SubmitRequest(source_uri=(root / "source").as_uri(), artifact_uri=artifact.as_uri(),
