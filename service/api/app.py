@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Request, status
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import exc as db_errors
 from sqlalchemy import text
 
 from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page
 from service.api import attestations as attestation_endpoint
 from service.api.deps import get_principal
 from service.api.limits import BodyLimitMiddleware
+from service.api.login_throttle import LoginThrottle
 from service.auth import OPERATE
 from service.callbacks_loop import CallbackLoop
 from service.config import Settings
 from service.metrics import make_registry
 from service.persistence.db import API_THREADS, make_engine, session_factory, transaction
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks: bool | None = None) -> FastAPI:
@@ -56,18 +61,18 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
     app.state.settings = settings
     app.state.session_factory = factory
     app.state.engine = engine
-    app.include_router(endpoints.router)
-    app.include_router(access_log.router)
-    app.include_router(queue_page.router)
-    app.include_router(exports.router)
-    app.include_router(pages_auditor.router)
-    app.include_router(attestation_endpoint.router)
+    app.state.login_throttle = LoginThrottle()
+    for module in (endpoints, access_log, queue_page, exports, pages_auditor, attestation_endpoint):
+        app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     errors.install(app)
+    for unavailable in (db_errors.OperationalError, db_errors.TimeoutError):  # locked, refused, pool exhausted
+        app.add_exception_handler(unavailable, database_unavailable)
     registry = make_registry(factory)
 
     @app.get("/healthz", response_class=PlainTextResponse)
-    def healthz() -> str:
+    async def healthz() -> str:
+        """On the event loop: liveness must not queue behind requests waiting on the database in the pool."""
         return "ok"
 
     @app.get("/readyz", response_class=PlainTextResponse)
@@ -91,3 +96,14 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+RETRY_AFTER_SECONDS = 5
+
+
+async def database_unavailable(_request: Request, exc: Exception) -> Response:
+    """A locked, refusing or exhausted database is the service's temporary state, not a fault in the
+    request: 503 and when to retry, never a 500 (the driver's message stays in the server log)."""
+    log.warning("database unavailable: %s", type(exc).__name__)
+    return JSONResponse({"detail": "the database is unavailable; retry later"}, status_code=503,
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import UI_COOKIE, Principal, SessionDep, SettingsDep, principal_for, require_ui
 from service.api.endpoints import queue_snapshot
@@ -151,7 +152,13 @@ async def login(request: Request, session: SessionDep) -> Response:
     secret = (fields.get("token") or [""])[0].strip()
     target = safe_next((fields.get("next") or [""])[0])
     roles, what = PAGES[target]
-    principal = principal_for(session, secret)
+    wait = request.app.state.login_throttle.wait_seconds(request.client.host if request.client else "", secret)
+    if wait:
+        refused = login_page("too many sign-in attempts: wait and try again", 429, target)
+        refused.headers["Retry-After"] = str(int(wait))
+        return refused
+    # the lookup waits on the database (on SQLite, for its write lock): never on the event loop
+    principal = await run_in_threadpool(principal_for, session, secret)
     if principal is None:
         return login_page("not a valid token", 401, target)
     if principal.role not in roles:
