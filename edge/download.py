@@ -14,6 +14,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from edge.errors import FetchError
+from edge.redact import redact_uri
 from edge.retry import RetryLaterError, RetryPolicy, parse_retry_after
 from edge.transport import checked_client
 from edge.uri_policy import UriPolicy, UriRefusedError
@@ -56,7 +57,7 @@ def classify(url: str, response: httpx.Response) -> None:
     status = response.status_code
     if status < 400:
         return
-    why = f"{url}: HTTP {status} {response.reason_phrase}"
+    why = f"{redact_uri(url)}: HTTP {status} {response.reason_phrase}"
     if status in RETRY_STATUSES or status >= 500:
         raise RetryLaterError(why, parse_retry_after(response.headers.get("retry-after")))
     raise FetchError("artifact.fetch_failed", why)
@@ -79,13 +80,13 @@ def _write(url: str, response: httpx.Response, temp: Path, limit: int,
            progress: Callable[[int, int], None]) -> str:
     total = int(response.headers.get("content-length") or 0)
     if total > limit:
-        raise FetchError("artifact.fetch_failed", f"{url}: {total} bytes exceed the {limit} limit")
+        raise FetchError("artifact.fetch_failed", f"{redact_uri(url)}: {total} bytes exceed the {limit} limit")
     digest, done = hashlib.sha256(), 0
     with temp.open("wb") as out:
         for chunk in response.iter_bytes(CHUNK_BYTES):
             done += len(chunk)
             if done > limit:
-                raise FetchError("artifact.fetch_failed", f"{url}: more than {limit} bytes")
+                raise FetchError("artifact.fetch_failed", f"{redact_uri(url)}: more than {limit} bytes")
             digest.update(chunk)
             out.write(chunk)
             progress(done, total)
@@ -99,10 +100,10 @@ def _attempt(url: str, temp: Path, policy: FetchPolicy, progress: Callable[[int,
         raise FetchError("artifact.fetch_failed", f"refused: {exc}") from exc
     except httpx.TransportError as exc:
         if _has_certificate_error(exc):
-            raise FetchError("artifact.fetch_failed", f"{url}: certificate refused: {exc}") from exc
-        raise RetryLaterError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise FetchError("artifact.fetch_failed", f"{redact_uri(url)}: certificate refused: {exc}") from exc
+        raise RetryLaterError(f"{redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
-        raise FetchError("artifact.fetch_failed", f"{url}: {type(exc).__name__}: {exc}") from exc
+        raise FetchError("artifact.fetch_failed", f"{redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
 
 
 def download(url: str, temp: Path, policy: FetchPolicy, progress: Callable[[int, int], None]) -> str:
@@ -128,8 +129,8 @@ def get_json(url: str, policy: FetchPolicy, *, form: dict[str, list[str]] | None
         except UriRefusedError as exc:
             raise FetchError("artifact.fetch_failed", f"refused: {exc}") from exc
         except httpx.TransportError as exc:
-            raise RetryLaterError(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise RetryLaterError(f"{redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
         except ValueError as exc:
-            raise FetchError("artifact.fetch_failed", f"{url}: not JSON: {exc}") from exc
+            raise FetchError("artifact.fetch_failed", f"{redact_uri(url)}: not JSON: {exc}") from exc
 
     return policy.retry.run(once)

@@ -1,49 +1,202 @@
-"""Secrets in URIs (presigned query strings, `user:pass@`) never reach storage, reports or logs.
+"""Secrets in URIs (presigned query strings, `user:pass@`, `;params`) never reach storage, reports or logs.
 
-`redact` is the one function that hides them: it rewrites every URL it finds in a text, so it takes a
-bare URI as well as an error message that quotes one. Query *values* are all replaced (a presigned
-URL's signature, credential, token and expiry alike) while their names stay, so a reader still sees
-what kind of URL it was; userinfo is replaced whole. `install_log_redaction` applies it to every log
-record the process writes, including third-party loggers (httpx logs each request's full URL).
+One parser decides what is secret; two entry points apply it:
+
+- `redact_uri(value)` for a string that *is* one URI (a stored or returned field): everything after
+  the first `?` is query, even a value with spaces in it.
+- `redact(text)` for free text (log lines, error reasons): every URL candidate in it (a scheme and
+  `://` up to whitespace) goes through the same parser.
+
+Query and `;param` *values* are all replaced (a presigned URL's signature, credential, token and expiry
+alike) while plain names stay, so a reader still sees what kind of URL it was; userinfo and fragments
+are replaced whole. Delimiters count percent-encoded too (`%3F`, `%3B`, `%40`, `%3D`, `%26`, `%23`, at
+any depth of `%25`), because a client that decodes once would otherwise send the hidden query. In
+`hf://owner/repo@rev/path` the `@` is a revision, not userinfo, and stays readable. When the authority
+is not a plausible host (a password holding `/`, a broken IPv6 literal) everything after the scheme
+is hidden: over-redacting is acceptable, leaking is not. `install_log_redaction` applies `redact` to
+every log record the process writes, including third-party loggers (httpx logs each request's URL).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass
 
 HIDDEN = "REDACTED"
-# a scheme, `://`, then everything up to whitespace or a quote; punctuation that ends a sentence or a
-# "URL: reason" prefix is not part of it
-_URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>`]*[^\s'"<>`:,.;)]""")
+
+# a delimiter, literal or percent-encoded (`%253F` is `%3F` encoded once more)
+_DELIMITER = re.compile(r"%(?:25)*(?P<code>3F|23|3B|40|3D|26)|(?P<char>[?#;@=&/])", re.IGNORECASE)
+_DECODED = {"3F": "?", "23": "#", "3B": ";", "40": "@", "3D": "=", "26": "&"}
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+# a host (a registered name, an IPv4 address or a bracketed IPv6 literal) and an optional numeric port
+_HOST_PORT = re.compile(r"(?:[\w.~-]*|\[[0-9A-Fa-f:.]+(?:%\w+)?\])(?::\d*)?")
+# a query or parameter name shown as is; anything else could be a secret written where a name goes
+_NAME = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
+# free text: a URL starts at a scheme and `://` (or its percent-encoding) and runs to whitespace (a URL
+# quoted inside it is then part of its path or query, hidden with it); the lookbehind keeps the scan
+# linear on long words
+_CANDIDATE = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*(?:://|%(?:25)*3A%(?:25)*2F%(?:25)*2F)\S*",
+                        re.IGNORECASE)
+# schemes whose `@` after the authority is part of a path (hf:// revisions, local file names)
+_PATH_AT_SCHEMES = frozenset({"hf", "file"})
+_TRAILING = "'\"<>`),.;:!]}"  # sentence punctuation and quotes after a URL in prose
 
 
-def _redact_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # an unparseable URL (bad IPv6 literal): hide everything after the scheme
-        return url.split("://", 1)[0] + "://" + HIDDEN
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{HIDDEN}@{netloc.rsplit('@', 1)[1]}"
-    query = "&".join(f"{pair.split('=', 1)[0]}={HIDDEN}" if "=" in pair else HIDDEN
-                     for pair in parts.query.split("&")) if parts.query else ""
-    fragment = HIDDEN if parts.fragment else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+@dataclass(frozen=True)
+class _Token:
+    """A run of text, or one delimiter (`delimiter` is its decoded character, `text` as written)."""
+
+    text: str
+    delimiter: str = ""
+
+
+def _tokens(text: str) -> list[_Token]:
+    tokens: list[_Token] = []
+    position = 0
+    for match in _DELIMITER.finditer(text):
+        if match.start() > position:
+            tokens.append(_Token(text[position:match.start()]))
+        code = match.group("code")
+        tokens.append(_Token(match.group(0), _DECODED[code.upper()] if code else match.group("char")))
+        position = match.end()
+    if position < len(text):
+        tokens.append(_Token(text[position:]))
+    return tokens
+
+
+def _find(tokens: list[_Token], delimiters: str, start: int = 0) -> int:
+    """Index of the first token at or after `start` that is one of `delimiters`; len(tokens) if none."""
+    return next((i for i in range(start, len(tokens)) if tokens[i].delimiter and tokens[i].delimiter in delimiters),
+                len(tokens))
+
+
+def _last(tokens: list[_Token], delimiter: str, end: int) -> int:
+    """Index of the last `delimiter` token before `end`; -1 if none."""
+    return next((i for i in range(end - 1, -1, -1) if tokens[i].delimiter == delimiter), -1)
+
+
+def _text(tokens: list[_Token]) -> str:
+    return "".join(token.text for token in tokens)
+
+
+def _pairs(tokens: list[_Token]) -> str:
+    """A query or a run of `;params`: each value hidden, each name kept when it looks like a name."""
+    out, piece = [], []
+    for token in [*tokens, _Token("", "&")]:
+        if token.delimiter in ("&", ";"):
+            out.append(_pair(piece) + token.text)
+            piece = []
+        else:
+            piece.append(token)
+    return "".join(out)
+
+
+def _pair(piece: list[_Token]) -> str:
+    if not piece:
+        return ""
+    equals = _find(piece, "=")
+    name = _text(piece[:equals])
+    if equals == len(piece) or not _NAME.fullmatch(name):
+        return HIDDEN
+    return f"{name}{piece[equals].text}{HIDDEN}"
+
+
+def _path(tokens: list[_Token]) -> str:
+    """The path as written, each segment's `;params` hidden."""
+    out, position = [], 0
+    while position < len(tokens):
+        semicolon = _find(tokens, ";", position)
+        out.append(_text(tokens[position:semicolon]))
+        if semicolon == len(tokens):
+            break
+        end = _find(tokens, "/", semicolon)
+        out.append(tokens[semicolon].text + _pairs(tokens[semicolon + 1:end]))
+        position = end
+    return "".join(out)
+
+
+def _userinfo_end(tokens: list[_Token]) -> int:
+    """Index of the `@` that ends the userinfo, -1 if none: the last `@` before the first `/` (so a
+    password may hold `?`, `#` or `'`)."""
+    return _last(tokens, "@", _find(tokens, "/"))
+
+
+def _ambiguous(tokens: list[_Token], scheme: str) -> bool:
+    """An `@` after the first `/` and before any query: a password holding `/`, or a path holding an `@`
+    (`;tok=a@b`). No reader can tell which, so the caller hides everything. In hf:// that `@` is the
+    revision and in file:// part of a local path: both are paths, shown."""
+    if scheme.lower() in _PATH_AT_SCHEMES:
+        return False
+    return _last(tokens, "@", _find(tokens, "?#")) > _find(tokens, "/")
+
+
+def _after_authority(tokens: list[_Token]) -> str:
+    """Path, `;params`, query and fragment of what follows the authority (or of a scheme-less text)."""
+    query = _find(tokens, "?#")
+    out = _path(tokens[:query])
+    fragment = _find(tokens, "#", query)
+    if query < fragment:
+        out += tokens[query].text + _pairs(tokens[query + 1:fragment])
+    if fragment < len(tokens):
+        out += tokens[fragment].text + (HIDDEN if fragment + 1 < len(tokens) else "")
+    return out
+
+
+def redact_uri(value: str) -> str:
+    """`value`, one whole URI, with its userinfo, query values, `;param` values and fragment hidden."""
+    scheme_match = _SCHEME.match(value)
+    scheme = scheme_match.group(0)[:-1] if scheme_match else ""
+    head = scheme_match.group(0) if scheme_match else ""
+    rest = value[len(head):]
+    hierarchical = rest.startswith("//")
+    if hierarchical:
+        head, rest = head + "//", rest[2:]
+    tokens = _tokens(rest)
+    if _ambiguous(tokens, scheme):
+        return head + HIDDEN
+    at = _userinfo_end(tokens)
+    userinfo = HIDDEN + tokens[at].text if at >= 0 else ""
+    tokens = tokens[at + 1:]
+    if not hierarchical:  # no authority (mailto:, file:relative, a bare path): the rest is a path
+        return head + userinfo + _after_authority(tokens)
+    host_end = _find(tokens, "/?#;")
+    if not _HOST_PORT.fullmatch(_text(tokens[:host_end])) or any(t.delimiter for t in tokens[:host_end]):
+        return head + HIDDEN
+    return head + userinfo + _text(tokens[:host_end]) + _after_authority(tokens[host_end:])
+
+
+def _url_end(candidate: str) -> int:
+    """Where the URL in a whitespace-delimited candidate ends: before the punctuation and quotes after it,
+    a `]` kept when it closes an IPv6 literal."""
+    end = len(candidate)
+    while end and candidate[end - 1] in _TRAILING:
+        if candidate[end - 1] == "]" and candidate.count("[", 0, end) >= candidate.count("]", 0, end):
+            break
+        end -= 1
+    return end
+
+
+def _redact_candidate(match: re.Match[str]) -> str:
+    candidate = match.group(0)
+    end = _url_end(candidate)
+    return redact_uri(candidate[:end]) + candidate[end:]
 
 
 def redact(text: str) -> str:
-    """`text` with the secrets of every URL in it replaced by `REDACTED`."""
-    return _URL.sub(lambda match: _redact_url(match.group(0)), text)
+    """`text` with the secrets of every URL in it hidden (the same parser as `redact_uri`, applied to
+    each scheme-and-`://` run up to whitespace; a query value after a space in prose cannot be told
+    from the prose, so a field that is one URI goes through `redact_uri` instead)."""
+    return _CANDIDATE.sub(_redact_candidate, text)
 
 
 _installed = False
 
 
 def install_log_redaction() -> None:
-    """Redact every log record this process creates (message, arguments and traceback), once."""
-    global _installed  # noqa: PLW0603 - one process-wide record factory, installed by the edges
+    """Redact every log record this process creates (message, arguments and traceback), once.
+    Every entry point (`serve`, the dispatch and callback loops, the worker) calls it at start-up."""
+    global _installed  # noqa: PLW0603 - one process-wide record factory, installed by the entry points
     if _installed:
         return
     previous = logging.getLogRecordFactory()
