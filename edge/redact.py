@@ -82,7 +82,8 @@ def _text(tokens: list[_Token]) -> str:
 
 def _pairs(tokens: list[_Token]) -> str:
     """A query or a run of `;params`: each value hidden, each name kept when it looks like a name."""
-    out, piece = [], []
+    out: list[str] = []
+    piece: list[_Token] = []
     for token in [*tokens, _Token("", "&")]:
         if token.delimiter in ("&", ";"):
             out.append(_pair(piece) + token.text)

@@ -12,7 +12,7 @@ from datetime import timedelta
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from edge.redact import redact
+from edge.redact import install_log_redaction, redact
 from edge.transport import checked_client
 from edge.uri_policy import UriRefusedError
 from service import callbacks
@@ -35,6 +35,7 @@ class CallbackLoop(Ticker):
 
     def __init__(self, factory: sessionmaker[Session], settings: Settings) -> None:
         super().__init__(settings.poll_seconds, log)
+        install_log_redaction()  # httpx logs each callback URL it POSTs to, `?sig=` and `user:pass@` included
         self.factory = factory
         self.settings = settings
         # sending and recording one delivery must end well within its lease

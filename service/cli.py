@@ -18,6 +18,7 @@ from rich.table import Table
 
 from service.attestations.cli import attestation_app, keys_app
 from service.auth import Role, digest, new_secret
+from edge.redact import install_log_redaction
 from service.client import ApiError, Client
 from service.config import Settings
 from worker.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_NO_GO, verify_command
@@ -52,6 +53,13 @@ def _create_scratch_dirs() -> None:
 
 UrlOpt = Annotated[str | None, typer.Option(help="server URL (or CONVGATE_URL)")]
 TokenOpt = Annotated[str | None, typer.Option(help="bearer token (or CONVGATE_TOKEN)")]
+
+
+def _start_logging() -> None:
+    """What every long-running command does first: hide URI secrets in every log line (httpx logs each
+    request's full URL, a callback's `?sig=` included), then log at INFO."""
+    install_log_redaction()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
 
 def _factory(settings: Settings):
@@ -134,7 +142,7 @@ def worker_run(verification_id: Annotated[str, typer.Option()],
     """Run one verification attempt and store its verdict (what a pool process or a Job runs)."""
     from service.job import run_verification
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _start_logging()
     name = worker_name or f"{os.uname().nodename}:{os.getpid()}"
     index = shard if shard is not None else int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
     raise typer.Exit(run_verification(Settings(), verification_id, name, attempt, shard=index))
@@ -149,10 +157,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080,
     from service.api.app import create_app
     from service.persistence.migrate import upgrade
 
+    _start_logging()  # before the migration, the dispatch loop and the callback loop can log anything
     settings = Settings()
     if migrate:
         upgrade(settings.database_url)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # The C HTTP parser and event loop: less server CPU per request than h11 on asyncio's loop
     # (scripts/bench_api.py). uvicorn's access log is below the warning level anyway: not computed at all.
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", http="httptools", loop="uvloop",

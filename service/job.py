@@ -111,6 +111,7 @@ def run_verification(settings: Settings, verification_id: str, worker_name: str,
     """Run `attempt` through its channel: restricted (the attempt's secret is in the environment, a
     Kubernetes Job) or direct (a local pool process). Exit code 1 means the attempt failed unjudged.
     For a verification split into shards, `shard` is this worker's (an Indexed Job's completion index)."""
+    install_log_redaction()  # before anything logs: URIs in any line (httpx logs each request's URL) show no secrets
     channel = channel_for(settings.database_url, verification_id, attempt, worker_name, os.environ)
     try:
         return _run_attempt(settings, channel, shard)
@@ -139,7 +140,6 @@ def _run_attempt(settings: Settings, channel: AttemptChannel, shard: int = 0) ->
     if not 0 <= shard < shards:
         channel.end_without_verdict(f"worker for shard {shard} of a verification of {shards} shard(s)")
         return 1
-    install_log_redaction()  # URIs in any log line (httpx logs each request's URL) show no secrets
     started = time.perf_counter()
     try:  # the edge fetches (policy-checked, retried), then the pure engine runs on local files
         with Heartbeat(channel, verification_id, attempt, worker_name, interval=min(settings.lease_seconds / 4, 2.0),

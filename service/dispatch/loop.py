@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from edge.redact import install_log_redaction
 from service.config import Settings
 from service.dispatch.base import Dispatcher, WorkerExit
 from service.dispatch.local import LocalPool
@@ -38,6 +39,7 @@ class DispatchLoop(Ticker):
 
     def __init__(self, dispatcher: Dispatcher, factory: sessionmaker[Session], settings: Settings) -> None:
         super().__init__(settings.poll_seconds, log)
+        install_log_redaction()  # whichever process runs the loop: its log lines quote reasons and URIs
         self.dispatcher = dispatcher
         self.factory = factory
         self.settings = settings
