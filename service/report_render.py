@@ -1,18 +1,48 @@
 """A stored report as Markdown or HTML, ending with a model-card section a release can paste:
-digests of every file, thresholds, results and what was not verified."""
+digests of every file, thresholds, results and what was not verified.
+
+Reports render only what we wrote: every string that came from the request or the stored report (a
+submitter's URIs, a policy author's version, a worker's messages and names) enters the Markdown through
+`md_text` or `md_code`, so it shows as the text it is, never as a link, an image, a heading, a table row
+or a line of its own; markdown-it then escapes it once more for HTML.
+"""
 
 from __future__ import annotations
 
 import html
+import re
+import string
 from typing import Any
 
 POLICY_KEYS = ("token_ids_exact", "require_top1_equal", "reproduce_quantized", "reproduce_sample", "tie_ulps")
+# CommonMark shows a backslash-escaped ASCII punctuation mark as itself, so escaped text can open no link,
+# image, emphasis, code span, raw HTML, entity or table cell; a control character (a line break above all)
+# becomes its visible Unicode control picture (\n -> U+240A), so the text cannot leave the line it was put
+# on to start a heading, a list item, a table row or a "Verdict" line of its own.
+INERT = str.maketrans({**{mark: "\\" + mark for mark in string.punctuation},
+                       **{chr(code): chr(0x2400 + code) for code in range(0x20)}, "\x7f": "\u2421"})
+PLAIN_TOKEN = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.:/@+-]*")
+
+
+def md_text(value: object) -> str:
+    """Text someone else wrote, as Markdown inline text (a paragraph, a list item or a table cell) that
+    renders as exactly that text, line breaks shown as symbols. A leading space becomes a character
+    reference, since a list item opening with spaces would otherwise turn into a code block."""
+    text = str(value).translate(INERT)
+    return "&#32;" + text[1:] if text.startswith(" ") else text
+
+
+def md_code(value: object) -> str:
+    """A digest, code or name in a code span when it is a plain token; anything else as `md_text`: a code
+    span shows its content raw, so text that could close it or split a table cell never goes in one."""
+    text = str(value)
+    return f"`{text}`" if PLAIN_TOKEN.fullmatch(text) else md_text(text)
 
 
 def _gate_lines(report: dict[str, Any]) -> list[str]:
     lines = ["| gate | status | seconds |", "|---|---|---|"]
     for name, gate in report["gates"].items():
-        lines.append(f"| {name} | {gate['status']} | {gate['seconds']:.2f} |")
+        lines.append(f"| {md_text(name)} | {md_text(gate['status'])} | {gate['seconds']:.2f} |")
     return lines
 
 
@@ -20,7 +50,8 @@ def _results(report: dict[str, Any]) -> list[str]:
     lines = []
     storage = report["gates"].get("storage", {}).get("details", {})
     for gguf_type, kinds in storage.get("check_kinds", {}).items():
-        lines.append(f"- {gguf_type}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
+        lines.append(f"- {md_text(gguf_type)}: " + ", ".join(f"{md_text(n)} {md_text(kind)}"
+                                                             for kind, n in kinds.items()))
     embeddings = report["gates"].get("runtime", {}).get("details", {}).get("embeddings")
     if embeddings:
         lines.append(f"- embeddings: min cosine {embeddings['min_cosine']:.6f}, retrieval top-1 agreement "
@@ -42,7 +73,7 @@ def _results(report: dict[str, Any]) -> list[str]:
 def policy_origin_line(origin: str | None) -> str:
     """Where the thresholds came from: a GO under anything but a configured policy says so first."""
     if origin is not None and origin.startswith("configured:"):
-        return f"Thresholds: the configured policy `{origin.removeprefix('configured:')}`."
+        return f"Thresholds: the configured policy {md_code(origin.removeprefix('configured:'))}."
     if origin == "inline":
         return ("**Warning: inline policy** - the thresholds were sent with the request, not a policy "
                 "configured by the operator; this verdict was not held to the platform's thresholds.")
@@ -53,29 +84,32 @@ def policy_origin_line(origin: str | None) -> str:
 def model_card(report: dict[str, Any], origin: str | None = None) -> list[str]:
     values = report["policy"]["values"]
     lines = ["## Verification (model card section)", "",
-             f"Verdict: **{report['verdict']}** under convgate policy {values.get('version')} "
-             f"(sha256 `{report['policy']['sha256']}`).", "", policy_origin_line(origin), "", "Files:", "",
+             f"Verdict: **{md_text(report['verdict'])}** under convgate policy {md_text(values.get('version'))} "
+             f"(sha256 {md_code(report['policy']['sha256'])}).", "", policy_origin_line(origin), "", "Files:", "",
              "| file | sha256 | bytes |", "|---|---|---|"]
-    lines += [f"| {f['uri']} | `{f['sha256']}` | {f['size']} |" for f in report["files"]]
+    lines += [f"| {md_text(f['uri'])} | {md_code(f['sha256'])} | {md_text(f['size'])} |" for f in report["files"]]
     runtime = report["gates"].get("runtime", {}).get("details", {})
     applied = runtime.get("thresholds") or {}
-    precision = f" (gate 2 correctness for compute {'/'.join(runtime.get('compute_classes', []))}: " + ", ".join(
-        f"{k}={v:g}" for k, v in applied.items()) + ")" if applied else ""
-    lines += ["", "Thresholds: " + ", ".join(f"{k}={values[k]}" for k in POLICY_KEYS if k in values) + precision, "",
+    compute = "/".join(md_text(name) for name in runtime.get("compute_classes", []))
+    precision = f" (gate 2 correctness for compute {compute}: " + ", ".join(
+        f"{md_text(k)}={v:g}" for k, v in applied.items()) + ")" if applied else ""
+    lines += ["", "Thresholds: " + ", ".join(f"{k}={md_text(values[k])}" for k in POLICY_KEYS if k in values)
+              + precision, "",
               "Results:", "", *(_results(report) or ["- (no gate results)"]), "", "Not verified:", ""]
-    lines += [f"- {item}" for item in report["not_verified"]]
+    lines += [f"- {md_text(item)}" for item in report["not_verified"]]
     return lines
 
 
 def to_markdown(verification_id: str, report: dict[str, Any], origin: str | None = None) -> str:
     """`origin` is the verification's policy origin (`configured:<name>`, `inline`, or None: unknown)."""
-    lines = [f"# convgate verification {verification_id}", "", f"**{report['verdict']}**", "",
+    lines = [f"# convgate verification {md_text(verification_id)}", "", f"**{md_text(report['verdict'])}**", "",
              policy_origin_line(origin), "",
-             f"Artifact: `{report['artifact']['uri']}` sha256 `{report['artifact']['sha256']}`"
+             f"Artifact: {md_code(report['artifact']['uri'])} sha256 {md_code(report['artifact']['sha256'])}"
              if report.get("artifact") else "Artifact: (not fetched)", "", *_gate_lines(report), ""]
     if report["blockers"]:
         lines += ["## Blockers", ""]
-        lines += [f"- `{b['code']}` ({b['gate']}) {b.get('tensor') or ''} {b['why']}" for b in report["blockers"]]
+        lines += [f"- {md_code(b['code'])} ({md_text(b['gate'])}) {md_text(b.get('tensor') or '')} {md_text(b['why'])}"
+                  for b in report["blockers"]]
         lines.append("")
     return "\n".join(lines + model_card(report, origin)) + "\n"
 
@@ -85,11 +119,16 @@ STYLE = ("body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:70
          "code{font-size:.9em}")
 
 
-def to_html(verification_id: str, report: dict[str, Any], origin: str | None = None) -> str:
-    """The Markdown rendered by markdown-it (raw HTML disabled, so report text cannot inject markup)."""
+def render_markdown(markdown: str) -> str:
+    """Our Markdown as an HTML fragment by markdown-it: CommonMark with tables, raw HTML off (shown as
+    text) and no linkify, so only the markup this module wrote becomes elements."""
     from markdown_it import MarkdownIt
 
-    markdown = to_markdown(verification_id, report, origin)
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+    return MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+
+
+def to_html(verification_id: str, report: dict[str, Any], origin: str | None = None) -> str:
+    """The Markdown report as a standalone page."""
+    body = render_markdown(to_markdown(verification_id, report, origin))
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>convgate "
             f"{html.escape(verification_id)}</title><style>{STYLE}</style></head><body>{body}</body></html>")
