@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
+from edge.redact import install_log_redaction
 from service.attestations.cli import attestation_app, keys_app
 from service.auth import Role, digest, new_secret
-from edge.redact import install_log_redaction
 from service.client import ApiError, Client
 from service.config import Settings
 from worker.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_NO_GO, verify_command
