@@ -25,11 +25,21 @@ def fresh_process(monkeypatch) -> Iterator[None]:
     logging.setLogRecordFactory(previous)
 
 
+
+class Collect(logging.Handler):
+    """Keeps each record it is handed."""
+
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
 def httpx_line() -> str:
     """The line httpx logs for a request, as a handler formats it."""
     records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler = Collect(records)
     logger = logging.getLogger("httpx")
     logger.addHandler(handler)
     try:

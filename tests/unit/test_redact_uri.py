@@ -124,14 +124,24 @@ def test_a_uri_without_secrets_is_kept_as_written(scheme, host, path):
         assert redact_uri(uri) == uri and redact(f"fetching {uri}: done") == f"fetching {uri}: done"
 
 
+
+class Collect(logging.Handler):
+    """Keeps each record it is handed."""
+
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
 @given(secret_uris())
 def test_a_log_record_never_shows_the_secret(case):
     """What httpx writes for each request: the URL as a %-argument, formatted after the record exists."""
     uri, secret = case
     install_log_redaction()
     records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler = Collect(records)
     logger = logging.getLogger("httpx")
     logger.addHandler(handler)
     try:
