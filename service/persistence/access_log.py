@@ -4,6 +4,7 @@ record, written by the API's read endpoints and read back only by auditors."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,15 +12,47 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from edge.redact import HIDDEN, redact_uri
 from service.persistence.models import AccessLogRecord
 from service.persistence.repository import now
 
+# Query values kept as sent: parameters whose value the endpoints only accept in a closed shape that
+# cannot carry a secret, and only when the value has that shape. A URI filter is stored redacted like
+# a stored URI; every other value (free text such as a name filter or a cursor, or a parameter no
+# endpoint declares, where a client may have pasted a token) is hidden, its name kept.
+_CLOSED_SHAPES: dict[str, re.Pattern[str]] = {
+    "artifact_sha256": re.compile(r"[0-9a-f]{64}"),
+    "verification_id": re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"),
+    "limit": re.compile(r"[0-9]{1,4}"),
+    "verdict": re.compile(r"GO|NO-GO"),
+    "state": re.compile(r"[a-z_]{1,24}"),
+    "policy_origin": re.compile(r"configured|inline|unrecorded"),
+    "action": re.compile(r"[a-z_]{1,32}"),
+    "attestation": re.compile(r"true|false|1|0", re.IGNORECASE),
+    "since": re.compile(r"[0-9T:.+Z -]{1,40}"),
+    "until": re.compile(r"[0-9T:.+Z -]{1,40}"),
+}
+_URI_PARAMETERS = frozenset({"source_uri"})
+
+
+def redacted_query(query: dict[str, str]) -> dict[str, str]:
+    """What the log keeps of a read's query string: every name, values only where they hold no secret."""
+    return {name: _kept_value(name, value) for name, value in query.items()}
+
+
+def _kept_value(name: str, value: str) -> str:
+    if name in _URI_PARAMETERS:
+        return redact_uri(value)
+    shape = _CLOSED_SHAPES.get(name)
+    return value if shape is not None and shape.fullmatch(value) else HIDDEN
+
 
 def record_access(session: Session, *, principal: str, role: str, action: str, path: str,
-                  query: dict[str, Any], verification_id: str | None = None) -> None:
-    """One INSERT, sent now (a failing write fails the read); nothing is read back, so no ORM object."""
+                  query: dict[str, str], verification_id: str | None = None) -> None:
+    """One INSERT, sent now (a failing write fails the read); nothing is read back, so no ORM object.
+    The query is stored through `redacted_query`, whoever calls."""
     session.execute(_APPEND, {"at": now(), "principal": principal, "role": role, "action": action,
-                              "verification_id": verification_id, "path": path, "query": query})
+                              "verification_id": verification_id, "path": path, "query": redacted_query(query)})
 
 
 _APPEND = insert(AccessLogRecord)  # built once, executed with parameters

@@ -159,3 +159,19 @@ def test_filters_and_pages_combine(reads):
     assert page(reads, action="read_verification", since=at(2), limit=1) == ([4], 4)
     assert page(reads, action="read_verification", since=at(2), limit=1, before_id=4) == ([3], None)
     assert page(reads, principal="bob", until=at(1), limit=1) == ([1], None)
+
+
+def test_query_values_are_stored_redacted_with_their_names(api):
+    """A client may paste a presigned URL into a filter or a token into any parameter: the log keeps every
+    name, a URI filter redacted like a stored URI, closed-shape values as sent and everything else hidden."""
+    params = {"source_uri": "https://u:SEC'ONE@h.example/m?sig=abc SECTWO", "submitted_by": "SECTHREE",
+              "token": "SECFOUR", "policy": "SECFIVE", "artifact_sha256": SHA, "limit": "7"}
+    assert call(api, Role.ADMIN, "/v1/verifications", params=params).status_code == 200
+    engine = make_engine(api.url)
+    with engine.connect() as connection:
+        stored = [row[0] for row in connection.execute(text("SELECT query FROM access_log"))]
+    engine.dispose()
+    (listing,) = log(api, principal=api.names[Role.ADMIN])
+    assert "SEC" not in str(stored) + str(listing)
+    assert listing["query"] == {"source_uri": "https://REDACTED@h.example/m?sig=REDACTED", "submitted_by": "REDACTED",
+                                "token": "REDACTED", "policy": "REDACTED", "artifact_sha256": SHA, "limit": "7"}
