@@ -92,6 +92,9 @@ class Settings(BaseSettings):
         description="named policies (JSON); submitters choose one by name, inline ones need role policy-author")
     metrics_public: bool = Field(True, description="False: /metrics needs an operator or admin token")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused with 413")
+    max_streams: int = Field(64, ge=1, le=10_000, description="event streams open on this server at once "
+                             "(each polls the database); beyond it, 429")
+    max_streams_per_principal: int = Field(8, ge=1, le=1000, description="event streams one token may hold open")
     # completion callbacks (service/callbacks.py): checked by the artifacts' URI policy, https only
     callback_http_origins: tuple[str, ...] = Field(
         (), description="origins (http://host:port) a callback may reach over plain http; anything else is https")

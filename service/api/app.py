@@ -16,6 +16,7 @@ from sqlalchemy import text
 from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page
 from service.api import attestations as attestation_endpoint
 from service.api.deps import get_principal
+from service.api.event_stream import StreamSlots
 from service.api.limits import BodyLimitMiddleware
 from service.api.login_throttle import LoginThrottle
 from service.auth import OPERATE
@@ -62,6 +63,7 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
     app.state.session_factory = factory
     app.state.engine = engine
     app.state.login_throttle = LoginThrottle()
+    app.state.stream_slots = StreamSlots(settings.max_streams, settings.max_streams_per_principal)
     for module in (endpoints, access_log, queue_page, exports, pages_auditor, attestation_endpoint):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

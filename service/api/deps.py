@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from service.auth import Role, digest
 from service.config import Settings
 from service.persistence import tokens
+from service.persistence.db import read_first
 
 
 async def get_settings(request: Request) -> Settings:
@@ -58,7 +59,7 @@ class Principal:
 UI_COOKIE = "convgate_token"  # set only by POST /ui/login; Secure, HttpOnly, SameSite=Strict, Path=/ui
 
 
-def _bearer(request: Request) -> str | None:
+def bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
@@ -66,7 +67,9 @@ def _bearer(request: Request) -> str | None:
 
 
 def principal_for(session: Session, secret: str | None) -> Principal | None:
-    found = tokens.active_name_and_role(session, digest(secret)) if secret else None
+    if not secret:
+        return None
+    found = read_first(session, lambda reader: tokens.active_name_and_role(reader, digest(secret)))
     return None if found is None else Principal(found[0], Role(found[1]))
 
 
@@ -81,14 +84,14 @@ def _principal_or_401(session: Session, secret: str | None) -> Principal:
 def get_principal(request: Request, session: SessionDep) -> Principal:
     """The API authenticates by the Authorization header only: a cookie rides along with any request a
     browser makes, so it must never authorise a write or a JSON read."""
-    return _principal_or_401(session, _bearer(request))
+    return _principal_or_401(session, bearer(request))
 
 
 def ui_secret(request: Request) -> str | None:
     """The operator page's own GET reads: the header, or the cookie POST /ui/login set."""
     if request.method != "GET":
-        return _bearer(request)
-    return _bearer(request) or request.cookies.get(UI_COOKIE)
+        return bearer(request)
+    return bearer(request) or request.cookies.get(UI_COOKIE)
 
 
 def get_ui_principal(request: Request, session: SessionDep) -> Principal:

@@ -13,10 +13,10 @@ from starlette.concurrency import run_in_threadpool
 from edge.redact import redact
 from service import callbacks, verifications
 from service.api import access_log
-from service.api.deps import Principal, SessionDep, SettingsDep, require
+from service.api.deps import Principal, SessionDep, SettingsDep, bearer, require
 from service.api.errors import ERRORS
 from service.api.event_stream import MEDIA_TYPE, event_stream
-from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT
+from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT, digest
 from service.config import Settings
 from service.lifecycle import State
 from service.persistence import callbacks as callback_store
@@ -42,6 +42,7 @@ from service.schemas import (
 router = APIRouter(prefix="/v1", responses=ERRORS)
 VerificationId = Annotated[str, Path(pattern=UUID_PATTERN, description="a verification's id (a UUID)")]
 FilterText = Annotated[str | None, Query(max_length=4096, pattern=PRINTABLE)]
+STREAM_RETRY_SECONDS = 5
 REPORT_TYPES = {"application/json": {"schema": {"type": "object"}}, "text/markdown": {"schema": {"type": "string"}},
                 "text/html": {"schema": {"type": "string"}}}
 
@@ -159,7 +160,9 @@ def read_report(verification_id: VerificationId, request: Request, session: Sess
 
 EVENT_TYPES: dict[int | str, dict[str, Any]] = {200: {
     "description": "the events as JSON, or with Accept: text/event-stream as server-sent events (ending after the "
-                   "terminal state; Last-Event-ID resumes)", "content": {MEDIA_TYPE: {"schema": {"type": "string"}}}}}
+                   "terminal state or when the token is revoked; Last-Event-ID resumes)",
+    "content": {MEDIA_TYPE: {"schema": {"type": "string"}}}},
+    429: {**ERRORS[400], "description": "too many event streams open (per caller, or on this server)"}}
 
 
 @router.get("/verifications/{verification_id}/events", response_model=list[EventOut], responses=EVENT_TYPES)
@@ -170,8 +173,14 @@ def read_events(verification_id: VerificationId, request: Request, session: Sess
     access_log.record(session, request, principal, "read_events", verification_id)
     if MEDIA_TYPE in request.headers.get("accept", ""):
         session.commit()  # now: the stream must not hold this transaction (on SQLite, the write lock) open
+        slots = request.app.state.stream_slots
+        if not slots.take(principal.name):
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"too many open event streams (at most "
+                                f"{slots.per_principal} each, {slots.total} in all): poll the JSON form, or retry",
+                                headers={"Retry-After": str(STREAM_RETRY_SECONDS)})
         return event_stream(request.app.state.session_factory, verification_id, last_event_id or 0,
-                            settings.poll_seconds)
+                            settings.poll_seconds, token_sha256=digest(bearer(request) or ""),
+                            done=lambda: slots.give_back(principal.name))
     return [EventOut(at=repository.as_utc(e.at), from_state=e.from_state, to_state=e.to_state, attempt=e.attempt,
                      message=e.message) for e in repository.events(session, verification_id)]
 

@@ -3,8 +3,10 @@
 Each event is `id: <event id>`, `event: <state it moved to>`, `data: <the event as JSON>`; a client that
 reconnects sends `Last-Event-ID` and gets only what came after. The stream ends once the verification is
 terminal and its last event was sent. Between events it polls the database (a short transaction each
-time, so no connection or SQLite lock is held while waiting) and sends a comment line now and then so
-that proxies keep the connection open.
+time, a read that takes no SQLite write lock, so no connection or lock is held while waiting) and sends a
+comment line now and then so that proxies keep the connection open. Streams are capped per principal and
+in total (`StreamSlots`: beyond the cap, 429), and each poll re-checks the caller's token, so revoking a
+token ends its streams.
 
 A plain `StreamingResponse` is enough for this: the format is three lines per event, the stream ends by
 itself, and Starlette already stops the generator when the client goes away. sse-starlette would add a
@@ -14,7 +16,9 @@ dependency for a ping and shutdown handling we do not need.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 from fastapi.responses import StreamingResponse
@@ -23,7 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from service.lifecycle import TERMINAL
-from service.persistence.db import transaction
+from service.persistence import tokens
+from service.persistence.db import read_transaction
 from service.persistence.models import Verification, VerificationEvent
 from service.persistence.repository import as_utc
 
@@ -32,10 +37,40 @@ KEEPALIVE_SECONDS = 15.0
 BATCH = 500
 
 
-def _read(factory: sessionmaker[Session], verification_id: str, after: int) -> tuple[str | None, list[bytes]]:
+class StreamSlots:
+    """Open streams per principal and in all. Taken in a pool thread (the endpoint), given back on the
+    event loop (the stream's end): hence the lock."""
+
+    def __init__(self, total: int, per_principal: int) -> None:
+        self.total, self.per_principal = total, per_principal
+        self._open: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def take(self, principal: str) -> bool:
+        with self._lock:
+            if self._open.total() >= self.total or self._open[principal] >= self.per_principal:
+                return False
+            self._open[principal] += 1
+            return True
+
+    def held(self) -> int:
+        with self._lock:
+            return self._open.total()
+
+    def give_back(self, principal: str) -> None:
+        with self._lock:
+            self._open[principal] -= 1
+            if self._open[principal] <= 0:
+                del self._open[principal]
+
+
+def _read(factory: sessionmaker[Session], verification_id: str, after: int,
+          token_sha256: str) -> tuple[str | None, list[bytes]]:
     """The state, then the events after `after`: read in that order, so a terminal state's own event
-    (committed with it) is always among them."""
-    with transaction(factory) as session:
+    (committed with it) is always among them. A revoked token reads nothing (state None ends the stream)."""
+    with read_transaction(factory) as session:
+        if tokens.active_name_and_role(session, token_sha256) is None:
+            return None, []
         state = session.scalar(select(Verification.state).where(Verification.id == verification_id))
         events = session.scalars(select(VerificationEvent).where(
             VerificationEvent.verification_id == verification_id, VerificationEvent.id > after)
@@ -54,11 +89,20 @@ def _last_id(frame: bytes) -> int:
     return int(frame.split(b"\n", 1)[0].removeprefix(b"id: "))
 
 
-async def _events(factory: sessionmaker[Session], verification_id: str, after: int,
-                  poll_seconds: float) -> AsyncIterator[bytes]:
+async def _events(factory: sessionmaker[Session], verification_id: str, after: int, poll_seconds: float,
+                  token_sha256: str, done: Callable[[], None]) -> AsyncIterator[bytes]:
+    try:
+        async for frame in _frames(factory, verification_id, after, poll_seconds, token_sha256):
+            yield frame
+    finally:
+        done()
+
+
+async def _frames(factory: sessionmaker[Session], verification_id: str, after: int, poll_seconds: float,
+                  token_sha256: str) -> AsyncIterator[bytes]:
     quiet = 0.0
     while True:
-        state, frames = await run_in_threadpool(_read, factory, verification_id, after)
+        state, frames = await run_in_threadpool(_read, factory, verification_id, after, token_sha256)
         for frame in frames:
             yield frame
         if frames:
@@ -74,7 +118,9 @@ async def _events(factory: sessionmaker[Session], verification_id: str, after: i
             yield b": keep-alive\n\n"
 
 
-def event_stream(factory: sessionmaker[Session], verification_id: str, after: int,
-                 poll_seconds: float) -> StreamingResponse:
-    return StreamingResponse(_events(factory, verification_id, after, poll_seconds), media_type=MEDIA_TYPE,
+def event_stream(factory: sessionmaker[Session], verification_id: str, after: int, poll_seconds: float, *,
+                 token_sha256: str, done: Callable[[], None]) -> StreamingResponse:
+    """The stream; `done` runs once it ends (the slot it holds is given back)."""
+    return StreamingResponse(_events(factory, verification_id, after, poll_seconds, token_sha256, done),
+                             media_type=MEDIA_TYPE,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

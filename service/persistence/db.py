@@ -6,15 +6,18 @@ wait for each other instead of failing at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+T = TypeVar("T")
+
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+READ_ONLY = "convgate_read_only"  # an execution option: this transaction only reads (SQLite: no write lock)
 API_THREADS = 40  # the API's threadpool for sync endpoints and dependencies (anyio's default; app.py sets it)
 
 
@@ -35,7 +38,8 @@ def _sqlite_engine(url: str, busy_timeout_seconds: float) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        deferred = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -66,3 +70,31 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def _read_only(session: Session) -> None:
+    """Begin `session`'s transaction as a read: on SQLite a deferred one, which in WAL mode never waits for
+    a writer and never holds the write lock (a read that took it, then crossed to another thread, held
+    every other request behind it)."""
+    session.connection(execution_options={READ_ONLY: True})
+
+
+@contextmanager
+def read_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A unit of work that only reads (a stream's poll): no write lock, nothing to commit."""
+    with transaction(factory) as session:
+        _read_only(session)
+        yield session
+
+
+def read_first(session: Session, query: Callable[[Session], T]) -> T:
+    """`query` as a read of its own before the request's unit of work begins (the token lookup): on SQLite
+    in a deferred transaction that is ended at once, so the request's write lock is taken only when it
+    writes, in the thread that commits; elsewhere inside the request's own transaction (one round trip)."""
+    if session.get_bind().dialect.name != "sqlite" or session.in_transaction():
+        return query(session)
+    _read_only(session)
+    try:
+        return query(session)
+    finally:
+        session.commit()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.auth import Role
-from service.persistence import repository
+from service.auth import Role, digest
+from service.persistence import repository, tokens
 from service.persistence.db import make_engine, session_factory, transaction
 from tests.service.conftest import LiveServer, add_token, settings_for, start_server
 
@@ -120,3 +121,110 @@ def test_another_submitters_stream_is_not_found(live, tmp_path):
     verification_id = submitted(client, who["one"], tmp_path)
     response = client.get(f"/v1/verifications/{verification_id}/events", headers=auth(who["two"]) | STREAM)
     assert response.status_code == 404
+
+
+def _open_stream(server: LiveServer, token: str, verification_id: str, opened: list[httpx.Response],
+                 stop: threading.Event) -> None:
+    with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as client, \
+            client.stream("GET", f"/v1/verifications/{verification_id}/events",
+                          headers=auth(token) | STREAM) as response:
+        opened.append(response)
+        if response.status_code == 200:
+            stop.wait(30)
+
+
+@pytest.fixture
+def sqlite_live(sqlite_url, tmp_path) -> Iterator[tuple[LiveServer, httpx.Client, dict[str, str]]]:
+    settings = settings_for(sqlite_url, tmp_path, file_roots=(tmp_path,), dispatcher="none", max_streams=12,
+                            max_streams_per_principal=5)
+    who = {name: add_token(sqlite_url, Role.SUBMITTER, f"{name}-{uuid.uuid4().hex[:6]}") for name in
+           ("one", "two", "three")}
+    with contextlib.contextmanager(start_server)(settings) as server, \
+            httpx.Client(base_url=server.url, timeout=15, trust_env=False) as client:
+        yield server, client, who
+
+
+def test_fifty_streams_open_and_hold_no_connection(sqlite_url, tmp_path):
+    """Before: of 50 held-open streams on one verification only 7 opened and the rest hung until they
+    failed: each request's token lookup took SQLite's write lock (BEGIN IMMEDIATE) and held it while
+    waiting for a pool thread for its endpoint, and every pool thread was waiting for that lock."""
+    settings = settings_for(sqlite_url, tmp_path, file_roots=(tmp_path,), dispatcher="none", max_streams=64,
+                            max_streams_per_principal=64)
+    token = add_token(sqlite_url, Role.SUBMITTER, "watcher")
+    stop = threading.Event()
+    opened: list[httpx.Response] = []
+    with contextlib.contextmanager(start_server)(settings) as server, \
+            httpx.Client(base_url=server.url, timeout=15, trust_env=False) as client:
+        verification_id = submitted(client, token, tmp_path)
+        threads = [threading.Thread(target=_open_stream, args=(server, token, verification_id, opened, stop))
+                   for _ in range(50)]
+        try:
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 20
+            while len(opened) < len(threads) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            started = time.perf_counter()
+            assert client.get("/healthz").status_code == 200
+            assert time.perf_counter() - started < 1.0
+            held = []
+            for _ in range(20):  # fifty streams polling every 0.1 s: a few polls are in flight at any moment
+                held.append(server.app.state.engine.pool.checkedout())
+                time.sleep(0.05)
+            assert min(held) <= 2, held  # between polls none is held (before: all 15 of the pool's, for good)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+    assert [response.status_code for response in opened] == [200] * 50
+
+
+def test_streams_are_capped_per_principal_and_in_total(sqlite_live, tmp_path):
+    """Beyond the caps, 429 with Retry-After; a slot is given back when its stream ends."""
+    server, client, who = sqlite_live
+    stop = threading.Event()
+    opened: dict[str, list[httpx.Response]] = {name: [] for name in who}
+    ids = {name: submitted(client, token, tmp_path) for name, token in who.items()}
+    threads = [threading.Thread(target=_open_stream, args=(server, who[name], ids[name], opened[name], stop))
+               for name in who for _ in range(7)]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        while sum(map(len, opened.values())) < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.perf_counter()
+        assert client.get("/healthz").status_code == 200
+        assert time.perf_counter() - started < 1.0
+        time.sleep(0.3)  # the streams poll (poll_seconds 0.1) in between
+        assert server.app.state.engine.pool.checkedout() == 0
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    codes = sorted(response.status_code for responses in opened.values() for response in responses)
+    assert 500 not in codes and codes.count(200) == 12 and codes.count(429) == 21 - 12, codes
+    assert all(sum(r.status_code == 200 for r in responses) <= 5 for responses in opened.values())
+    assert all(int(r.headers["Retry-After"]) > 0 for rs in opened.values() for r in rs if r.status_code == 429)
+    slots = server.app.state.stream_slots
+    deadline = time.monotonic() + 5
+    while slots.held() and time.monotonic() < deadline:  # the server notices each client leave
+        time.sleep(0.05)
+    assert slots.held() == 0  # every slot given back
+
+
+def test_a_revoked_token_ends_its_streams(live, tmp_path):
+    server, client, who = live
+    verification_id = submitted(client, who["one"], tmp_path)
+    with client.stream("GET", f"/v1/verifications/{verification_id}/events",
+                       headers=auth(who["one"]) | STREAM) as response:
+        lines = response.iter_lines()
+        assert next(parse(lines))["event"] == "queued"
+        engine = make_engine(server.settings.database_url)
+        with transaction(session_factory(engine)) as session:
+            name = tokens.active_name_and_role(session, digest(who["one"]))[0]
+            assert tokens.revoke_token(session, name)
+        engine.dispose()
+        started = time.monotonic()
+        assert list(parse(lines)) == []  # the stream ends: no event after the revocation
+        assert time.monotonic() - started < 5
