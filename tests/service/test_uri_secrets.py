@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from edge.download import FetchPolicy
@@ -26,7 +28,9 @@ from service.persistence.db import make_engine, session_factory, transaction
 from service.schemas import SubmitRequest
 from service.verifications import submit
 from tests.service.conftest import add_token, settings_for
+from tests.unit.test_redact_uri import secret_uris
 from worker.engine import VerifyRequest
+from worker.errors import ConvgateError
 from worker.policy import Policy
 
 SECRETS = ("SIGSECRET", "CREDSECRET", "hunter2", "TOKSECRET")
@@ -178,3 +182,97 @@ def test_a_report_names_the_artifact_without_its_secret(tmp_path, caplog):
             else:
                 assert [b.code for b in report.blockers] == [code] and "404" in report.blockers[0].why
     assert "HTTP Request" in caplog.text and not leaks(caplog.text)  # httpx logs every URL it requests
+
+
+# --- issue 22: every URI form, through the API, the logs, the access log, the export and a report -----
+
+PUBLIC_HOSTS = st.sampled_from(["8.8.8.8", "[2001:4860:4860::8888]", "8.8.4.4:8443"])
+
+
+@pytest.fixture(scope="module")
+def shared_api(tmp_path_factory):
+    """One app for every generated example (hypothesis runs many inside one test)."""
+    from service.persistence.migrate import upgrade
+
+    root = tmp_path_factory.mktemp("uri-secrets")
+    url = f"sqlite:///{root / 'convgate.db'}"
+    upgrade(url)
+    settings = settings_for(url, root, allow_file_uris=True, file_roots=(Path("/models"),))
+    with TestClient(create_app(settings, run_dispatcher=False)) as client:
+        client.token = add_token(url, Role.ADMIN, "admin-properties")
+        client.url = url
+        secret = client.post("/v1/callback-secret", headers={"Authorization": f"Bearer {client.token}"})
+        assert secret.status_code == 201
+        yield client
+
+
+def _everything_shown(api, uri: str, created) -> list[str]:
+    """Every answer and stored row a reader can see after one submission quoting `uri`."""
+    headers = {"Authorization": f"Bearer {api.token}"}
+    shown = [created.text, api.get("/v1/verifications", headers=headers, params={"source_uri": uri}).text,
+             api.get("/v1/verdicts/export", headers=headers, params={"source_uri": uri}).text,
+             api.get("/v1/access-log", headers=headers).text]
+    if created.status_code == 202:
+        ident = created.json()["id"]
+        shown += [api.get(f"/v1/verifications/{ident}{tail}", headers=headers).text
+                  for tail in ("", "/events", "/callbacks", "/report")]
+    engine = make_engine(api.url)
+    with engine.connect() as connection:
+        # the callback_url column is what the loop POSTs to (like fetch_uris, never returned)
+        for table, columns in (("verifications", "source_uri, artifact_uri"),
+                               ("verification_events", "*"), ("access_log", "*")):
+            shown += [str(row) for row in connection.execute(text(f"SELECT {columns} FROM {table}"))]
+        shown += [json.dumps(public_request(json.loads(row[0]) if isinstance(row[0], str) else row[0]))
+                  for row in connection.execute(text("SELECT request FROM verifications"))]
+    engine.dispose()
+    return shown
+
+
+def _submit_and_look(api, uri: str, caplog) -> list[str]:
+    body = {"source_uri": "file:///models/m", "artifact_uri": uri, "artifact_sha256": SHA}
+    if uri.startswith("https://"):
+        body["callback_url"] = uri
+    created = api.post("/v1/verifications", json=body, headers={"Authorization": f"Bearer {api.token}"})
+    assert created.status_code in (202, 422), created.text
+    return [*_everything_shown(api, uri, created), caplog.text]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=secret_uris(hosts=PUBLIC_HOSTS, schemes=st.just("https")))
+def test_no_uri_form_shows_its_secret_anywhere(shared_api, caplog, case):
+    """userinfo with any character, query values, `;params`, percent-encoded delimiters, hf://?token=:
+    the secret is in no API answer, stored column, event, export, access-log row or log line."""
+    uri, secret = case
+    install_log_redaction()
+    caplog.set_level(logging.INFO)
+    shown = _submit_and_look(shared_api, uri, caplog)
+    assert not [blob for blob in shown if secret in blob]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=secret_uris(spaces=True, hosts=PUBLIC_HOSTS, schemes=st.just("https")))
+def test_no_uri_field_with_spaces_shows_its_secret(shared_api, caplog, case):
+    """A URI field with whitespace is refused (422) and the refusal quotes no part of it."""
+    uri, secret = case
+    install_log_redaction()
+    caplog.set_level(logging.INFO)
+    shown = _submit_and_look(shared_api, uri, caplog)
+    assert not [blob for blob in shown if secret in blob]
+
+
+@settings(max_examples=20, deadline=None)
+@given(case=secret_uris(hosts=st.just("8.8.8.8")))
+def test_a_refused_uri_is_reported_without_its_secret(tmp_path_factory, case):
+    """The report of a fetch the URI policy refuses quotes the URI in its blocker; hf:// with ?token= too."""
+    uri, secret = case
+    root = tmp_path_factory.mktemp("refused")
+    (root / "m").mkdir()
+    fetch = FetchPolicy(uris=UriPolicy(allow_file=True, file_roots=(root,)), verify=True, timeout_s=1,
+                        retry=RetryPolicy(attempts=1), hf_endpoint="https://127.0.0.1:1")
+    try:
+        report = fetch_and_verify(VerifyRequest(gates=frozenset({1})), InputUris(
+            source=(root / "m").as_uri(), artifact=uri), Policy(), fetch, ContentStore(root / "cache"))
+    except ConvgateError as exc:  # no verdict (the hub endpoint did not answer): the reason is what is kept
+        assert secret not in str(exc)
+        return
+    assert secret not in report.model_dump_json()

@@ -74,7 +74,8 @@ def _encode(delimiter: str, depth: int) -> str:
 
 
 @st.composite
-def secret_uris(draw: st.DrawFn, *, spaces: bool = False) -> tuple[str, str]:
+def secret_uris(draw: st.DrawFn, *, spaces: bool = False, hosts: st.SearchStrategy[str] = hosts,
+                schemes: st.SearchStrategy[str] = schemes) -> tuple[str, str]:
     """(uri, secret): one URI hiding one secret in one of the forms the parser must know."""
     secret = draw(secrets)
     if spaces:  # a stored field: a value may hold spaces
