@@ -15,15 +15,28 @@ class OutsideRootsError(ValueError):
 
 
 def file_uri_path(uri: str) -> Path:
-    """The path a plain path or a `file://` URI names (a URI with a host part is refused)."""
+    """The path a plain path or a `file://` URI names (a URI with a host part is refused), judged in its
+    decoded form: no file system call takes a NUL byte (`%00`), nor a lone surrogate."""
     parts = urlsplit(uri)
-    if not parts.scheme:
-        return Path(uri)
-    if parts.scheme != "file":
+    if parts.scheme and parts.scheme != "file":
         raise OutsideRootsError(f"{parts.scheme}:// is not a local file URI")
-    if parts.netloc not in ("", "localhost"):
+    if parts.scheme and parts.netloc not in ("", "localhost"):
         raise OutsideRootsError(f"file:// URIs name local paths, not host {parts.netloc!r}")
-    return Path(unquote(parts.path))
+    path = unquote(parts.path) if parts.scheme else uri
+    if "\x00" in path:
+        raise OutsideRootsError("a local path may not hold a NUL byte (%00)")
+    if not _is_unicode(path):
+        raise OutsideRootsError("a local path may not hold a lone surrogate")
+    return Path(path)
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate (which no file name can be encoded from)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_plain_relative(name: str) -> bool:
@@ -34,12 +47,15 @@ def is_plain_relative(name: str) -> bool:
 
 def inside(path: Path, roots: Iterable[Path]) -> Path:
     """`path` resolved, when it lies inside one of `roots` (each resolved too); else OutsideRootsError."""
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL, a name too long
+        raise OutsideRootsError(f"{path} cannot be resolved") from exc
     for root in roots:
         if resolved.is_relative_to(root.resolve()):
             return resolved
-    shown = ", ".join(str(root) for root in roots) or "none configured"
-    raise OutsideRootsError(f"{path} (resolved: {resolved}) is outside the allowed file roots ({shown})")
+    # Neither the roots nor where `path` resolves to: the submitter learns nothing of the server's files.
+    raise OutsideRootsError(f"{path} is outside the allowed file roots")
 
 
 def check_tree(directory: Path, roots: Iterable[Path]) -> None:

@@ -2,7 +2,9 @@
 request and redirect hop. `https://` only (plus the operator's own hub endpoint), hosts compared
 case-insensitively without a trailing dot, cloud metadata hosts always refused, addresses public
 after unwrapping IPv4-in-IPv6 (`edge.addresses`); `hf://` must pin a commit; `file://` only inside
-the configured roots (`edge.file_roots`). Messages never quote a URI's secrets."""
+the configured roots (`edge.file_roots`). A URI holding a NUL byte (raw or `%00`), a lone surrogate,
+a control character or whitespace is refused before it is parsed. Every refusal is a UriRefusedError,
+whatever the input (the service turns it into a 422); messages never quote a URI's secrets."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from edge.addresses import IPAddress, refusal
 from edge.file_roots import OutsideRootsError, file_uri_path, inside
 from edge.redact import redact
 
 HF_URI = re.compile(r"^hf://(?P<repo>[\w.-]+/[\w.-]+)@(?P<rev>[0-9a-f]{40})(?:/(?P<path>.+))?$")
+UNSAFE_TEXT = re.compile(r"[\x00-\x20\x7f-\x9f\s]|%00")
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data", "metadata.azure.internal"})
 
 Resolver = Callable[[str], list[IPAddress]]
@@ -26,6 +29,18 @@ Resolver = Callable[[str], list[IPAddress]]
 
 class UriRefusedError(ValueError):
     """The URI is outside the configured policy (a definitive answer: never retried)."""
+
+
+def split(uri: str) -> SplitResult:
+    """`uri`'s parts, or UriRefusedError for text no URI holds (urlsplit itself raises a bare ValueError
+    for a malformed IPv6 host)."""
+    if UNSAFE_TEXT.search(uri):
+        raise UriRefusedError("a URI may not hold whitespace, control characters or %00")
+    try:
+        uri.encode("utf-8")
+        return urlsplit(uri)
+    except ValueError as exc:  # UnicodeEncodeError (a lone surrogate) included
+        raise UriRefusedError("not a valid URI") from exc
 
 
 def normal_host(host: str) -> str:
@@ -41,7 +56,7 @@ def system_resolver(host: str) -> list[IPAddress]:
         pass
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError) as exc:
+    except (socket.gaierror, ValueError) as exc:  # UnicodeError (IDNA) is a ValueError
         raise UriRefusedError(f"host {host!r} does not resolve") from exc
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
@@ -57,7 +72,7 @@ class UriPolicy:
 
     def check(self, uri: str, *, directory: bool = False) -> None:
         """Refuse a submitted URI that the worker would refuse (without touching the files)."""
-        scheme = urlsplit(uri).scheme
+        scheme = split(uri).scheme
         if scheme == "file":
             self.local_path(uri, must_exist=False)
         elif scheme == "hf":
@@ -76,16 +91,17 @@ class UriPolicy:
         if not self.file_roots:
             raise UriRefusedError("file:// URIs are refused: no file roots are configured (file_roots)")
         try:
-            path = inside(file_uri_path(uri), self.file_roots)
+            given = file_uri_path(uri)
+            path = inside(given, self.file_roots)
         except OutsideRootsError as exc:
             raise UriRefusedError(redact(str(exc))) from exc
         if must_exist and not path.exists():
-            raise UriRefusedError(f"{path} does not exist")
+            raise UriRefusedError(f"{redact(str(given))} does not exist")  # not where a symlink leads
         return path
 
     def check_url(self, url: str, *, allowed_origins: frozenset[str] = frozenset()) -> str:
         """The normalised host of an `https://` URL (or of one of `allowed_origins`) the policy admits."""
-        parts = urlsplit(url)
+        parts = split(url)
         host = normal_host(parts.hostname or "")
         origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}".lower()
         if parts.scheme != "https" and origin not in allowed_origins:

@@ -19,8 +19,17 @@ MAX_TEXTS = 1000
 MAX_TEXT_CHARS = 8192
 MAX_TEXTS_BYTES = 512 * 1024
 # No control characters (NUL cannot be stored in Postgres text, and none belongs in a URI or a name).
+# pydantic refuses a lone surrogate before matching any pattern (it is not Unicode), so each pattern
+# refuses those as well: every string field has one.
 PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
-UriText = Annotated[str, Field(min_length=1, max_length=4096, pattern=PRINTABLE)]
+# A URI as RFC 3986 writes it: no whitespace or control character, and `%` only as a well-formed escape of
+# a byte other than NUL (`%00` decodes to a NUL in a path, which no file system call accepts). Stored URIs
+# hold no whitespace, which edge.redact relies on to find their end in a message.
+URI = r"^(?:[^%\s\x00-\x1f\x7f-\x9f]|%(?:0[1-9A-Fa-f]|[1-9A-Fa-f][0-9A-Fa-f]))+$"
+UriText = Annotated[str, Field(min_length=1, max_length=4096, pattern=URI,
+                               description="no whitespace or control characters; '%' only as a %XX escape other "
+                               "than %00")]
+Sha256Text = Annotated[str, Field(min_length=64, max_length=64, pattern=SHA256)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=r"^[^\x00]*$")]
 
 
@@ -51,7 +60,7 @@ class SubmitRequest(BaseModel):
 
     source_uri: UriText = Field(description="model directory: file://, or hf://owner/repo@<40-hex commit>")
     artifact_uri: UriText = Field(description="the GGUF: file://, https:// or hf://owner/repo@<commit>/path")
-    artifact_sha256: str = Field(pattern=SHA256, description="expected sha256 of the artifact")
+    artifact_sha256: Sha256Text = Field(description="expected sha256 of the artifact")
     kind: Literal["auto", "embedding", "causal-lm"] = "auto"
     policy: Annotated[str, Field(max_length=63, pattern=PRINTABLE)] | Policy = Field(
         "default", description="a policy name configured by the operator, or an inline policy (role policy-author; "
@@ -68,7 +77,7 @@ class SubmitRequest(BaseModel):
                                          description="other files of the release package (file:// URIs)")
     imatrix_uri: UriText | None = Field(None, description="the importance matrix the artifact was quantized with "
                                         "(llama.cpp GGUF or legacy .dat), fetched like the artifact")
-    imatrix_sha256: str | None = Field(None, pattern=SHA256, description="its expected sha256 (with imatrix_uri)")
+    imatrix_sha256: Sha256Text | None = Field(None, description="its expected sha256 (with imatrix_uri)")
     artifact_size: int | None = Field(None, ge=1, le=1 << 50, description="the artifact's size in bytes, if known: "
                                       "on Kubernetes, gate 1 of a large artifact is split over several pods")
     callback_url: UriText | None = Field(None, description="POSTed the verification's summary on a terminal state, "

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from edge.file_roots import file_uri_path
@@ -18,7 +19,7 @@ from service.fetching import public_request, stored_request, uri_policy
 from service.persistence import repository
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
-from worker.policy import Policy
+from worker.policy import VERSION_MAX_CHARS, Policy
 
 
 class SubmissionError(ValueError):
@@ -41,10 +42,20 @@ def _resolve_policy(settings: Settings, requested: str | Policy, may_author: boo
             raise PolicyRefusedError(
                 f"inline policies need the role policy-author (or admin); use a configured policy by name: "
                 f"{sorted(settings.policies)}")
-        return requested.model_copy(update={"version": INLINE_VERSION_PREFIX + requested.version}), "inline"
+        return _inline(requested), "inline"
     if requested not in settings.policies:
         raise SubmissionError(f"unknown policy {requested!r}; known: {sorted(settings.policies)}")
     return settings.policies[requested], f"configured:{requested}"
+
+
+def _inline(requested: Policy) -> Policy:
+    """The inline policy as stored: its version prefixed, and validated again, since the worker validates
+    what is stored (a version at the length limit would not fit its prefix)."""
+    try:
+        return Policy.model_validate(requested.model_dump() | {"version": INLINE_VERSION_PREFIX + requested.version})
+    except ValidationError as exc:
+        raise SubmissionError(f"inline policy version: with its prefix {INLINE_VERSION_PREFIX!r}, at most "
+                              f"{VERSION_MAX_CHARS} characters") from exc
 
 
 def gate1_shards(settings: Settings, body: SubmitRequest) -> int:
@@ -61,8 +72,10 @@ def gate1_shards(settings: Settings, body: SubmitRequest) -> int:
 
 
 def submit(session: Session, settings: Settings, submitter: str, body: SubmitRequest,
-           idempotency_key: str | None, *, may_author_policies: bool = False) -> tuple[Verification, bool]:
-    """Store a verification (thresholds fixed now, with their hash); returns it and whether it is new."""
+           idempotency_key: str | None, *, may_author_policies: bool = False,
+           may_read_all: bool = False) -> tuple[Verification, bool]:
+    """Store a verification (thresholds fixed now, with their hash); returns it and whether it is new.
+    An earlier verdict stands for it only if the submitter may read that verification (`service.reuse`)."""
     policy, policy_origin = _resolve_policy(settings, body.policy, may_author_policies)
     checker = uri_policy(settings)
     try:
@@ -92,7 +105,7 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
     if (shards := gate1_shards(settings, body)) > 1:
         request["shards"] = shards  # a deployment choice, not part of what was asked: outside the identity
     verification = reuse.insert_or_reuse(
-        session, settings, fresh=body.fresh, **callback,
+        session, settings, fresh=body.fresh, among=None if may_read_all else submitter, **callback,
         submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256, request=request,
         policy=policy.model_dump(mode="json"), policy_sha256=policy_sha256, max_attempts=settings.max_attempts,
         policy_origin=policy_origin)

@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -25,14 +25,25 @@ from worker.quant.precision import PRECISION_CLASSES, PrecisionClass
 from worker.rerank_thresholds import DEFAULT_RERANK_THRESHOLDS, RerankThresholds
 from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS, RuntimeThresholds, thresholds_for
 
+VERSION_MAX_CHARS = 64
+# Printable text on one line: no C0 or C1 control character, DEL or Unicode line break (a version is shown in
+# reports, logs and CSV exports). A lone surrogate cannot match: pydantic refuses a string that is not
+# valid Unicode before matching it against a pattern.
+PRINTABLE_LINE = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]+$"
+SliceName = Annotated[str, Field(min_length=1, max_length=64, pattern=PRINTABLE_LINE)]
+
 
 class Policy(BaseModel):
     """Verification thresholds. Defaults: token ids exact, every top-1 equal, gate 2 correctness per compute
-    class, quality budgets per precision class."""
+    class, quality budgets per precision class. Every number is finite (a NaN compares false with every
+    threshold, so it would pass anything, and it is not JSON: a stored one broke the verdict export)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    version: str = "2026.12-1"
+    version: str = Field(
+        "2026.12-1", min_length=1, max_length=VERSION_MAX_CHARS, pattern=PRINTABLE_LINE,
+        description=f"at most {VERSION_MAX_CHARS} printable characters on one line; an inline policy's version is "
+        "stored prefixed 'inline-', and the prefix counts towards the limit")
     # gate 1
     reproduce_quantized: bool = Field(
         True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
@@ -60,8 +71,9 @@ class Policy(BaseModel):
     # gate 2: tokenizer and embeddings
     token_ids_exact: bool = True
     require_top1_equal: bool = True
-    contradiction_high_cosine: float = Field(0.999, description="ids differ yet cosine >= this: contradiction")
-    contradiction_low_cosine: float = Field(0.9, description="ids equal yet cosine < this: contradiction")
+    contradiction_high_cosine: float = Field(0.999, ge=-1, le=1,
+                                             description="ids differ yet cosine >= this: contradiction")
+    contradiction_low_cosine: float = Field(0.9, ge=-1, le=1, description="ids equal yet cosine < this: contradiction")
     max_context_tokens: int = Field(2048, ge=16, description="cap on the context the runtime gates use")
     max_logit_positions: int = Field(256, ge=1, description="positions per text compared for logits")
     # gate 2 correctness: thresholds per compute class of the artifact's matrices (see worker/thresholds.py)
@@ -70,8 +82,9 @@ class Policy(BaseModel):
     rerank: dict[ComputeClass, RerankThresholds] = Field(default_factory=lambda: dict(DEFAULT_RERANK_THRESHOLDS))
     # gate 2 quality: the gap to the source model, budgeted per precision class and per named slice
     quality: dict[PrecisionClass, QualityBudget] = Field(default_factory=lambda: dict(DEFAULT_QUALITY_BUDGETS))
-    quality_slices: dict[str, QualityBudget] = Field(
-        default_factory=dict, description="budgets for named slices of the text set, each applied to its slice alone")
+    quality_slices: dict[SliceName, QualityBudget] = Field(
+        default_factory=dict, max_length=64,
+        description="budgets for named slices of the text set, each applied to its slice alone")
 
     @field_validator("runtime", "rerank")
     @classmethod

@@ -35,9 +35,10 @@ PPL_EXCESS_FLOOR = 0.01  # a budget never asks the perplexity to be closer than 
 
 
 class QualityBudget(BaseModel):
-    """Limits on the gap to the source model; a field left None is not budgeted."""
+    """Limits on the gap to the source model; a field left None is not budgeted, a budgeted one is finite
+    (None, not infinity, says "no limit")."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     min_cosine: float | None = Field(None, ge=-1, le=1, description="embeddings: min cosine to the source")
     retrieval_top1_equal: bool = Field(False, description="embeddings: retrieval top-1 equal to the source's")

@@ -30,9 +30,9 @@ RELEASE_SCORE_TOLERANCE = SCORE_FLOOR
 
 
 class RerankThresholds(BaseModel):
-    """Reranker thresholds for one compute class."""
+    """Reranker thresholds for one compute class; finite (an infinite bound holds nothing, a NaN passes all)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     max_score_abs_diff: float = Field(gt=0, description="max |llama.cpp score - reference score| per pair (logits)")
 

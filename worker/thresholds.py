@@ -33,9 +33,9 @@ COSINE_DEFICIT_FLOOR = 1e-5
 
 
 class RuntimeThresholds(BaseModel):
-    """Gate-2 correctness thresholds for one compute class."""
+    """Gate-2 correctness thresholds for one compute class; every one finite (NaN passes every comparison)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     min_cosine: float = Field(ge=-1, le=1)
     max_logits_nmse: float = Field(ge=0)

@@ -8,12 +8,15 @@ rows in memory are one page's. Only the columns a row needs are read: never the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.engine import Row
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from service.persistence.models import Verdict, Verification
@@ -26,15 +29,51 @@ COLUMNS = (
     Verification.policy["version"].as_string().label("policy_version"), Verification.policy_sha256,
     Verdict.attempt, Verification.reused_from,
 )
+# What reading a stored row can raise when the row holds what it should not: the database refusing to
+# read its JSON (SQLite: "malformed JSON" for a NaN), a driver failing to decode its text, the JSON column's
+# decoder failing in Python (a ValueError, as UnicodeDecodeError is).
+UNREADABLE = (DBAPIError, ValueError)
 
 Keyset = tuple[datetime, str]
+log = logging.getLogger(__name__)
 
 
-def verdict_page(session: Session, filters: ListFilters, *, after: Keyset | None, limit: int) -> Sequence[Row[Any]]:
-    """Up to `limit` verdicts older than `after` (the last row's (created_at, id)), in the list's order."""
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A verdict whose stored row cannot be read: the export says so in its place and goes on."""
+
+    id: str
+    created_at: datetime
+
+
+def _ordered(query: Select[Any], filters: ListFilters, after: Keyset | None) -> Select[Any]:
     conditions = list_conditions(filters)
     if after is not None:
         conditions += older_than(*after)
-    query = (select(*COLUMNS).join(Verdict, Verdict.verification_id == Verification.id).where(*conditions)
-             .order_by(Verification.created_at.desc(), Verification.id.desc()).limit(limit))
-    return session.execute(query).all()
+    return (query.join(Verdict, Verdict.verification_id == Verification.id).where(*conditions)
+            .order_by(Verification.created_at.desc(), Verification.id.desc()))
+
+
+def verdict_page(session: Session, filters: ListFilters, *, after: Keyset | None,
+                 limit: int) -> Sequence[Row[Any] | Unreadable]:
+    """Up to `limit` verdicts older than `after` (the last row's (created_at, id)), in the list's order.
+    One query, as long as every row can be read; else the page again row by row, so one bad row is
+    one `Unreadable` and not the end of the export."""
+    try:
+        return session.execute(_ordered(select(*COLUMNS), filters, after).limit(limit)).all()
+    except UNREADABLE:
+        session.rollback()  # Postgres ends a transaction at its first error
+        log.warning("a page of the verdict export holds a row that cannot be read; reading it row by row")
+    keys = session.execute(_ordered(select(Verification.created_at, Verification.id), filters, after)
+                           .limit(limit)).all()
+    return [_one(session, created_at, ident) for created_at, ident in keys]
+
+
+def _one(session: Session, created_at: datetime, ident: str) -> Row[Any] | Unreadable:
+    try:
+        return session.execute(select(*COLUMNS).join(Verdict, Verdict.verification_id == Verification.id)
+                               .where(Verification.id == ident)).one()
+    except UNREADABLE:
+        session.rollback()
+        log.warning("verification %s: its stored row cannot be read for the export", ident)
+        return Unreadable(ident, created_at)

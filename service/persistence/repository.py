@@ -41,6 +41,13 @@ def as_utc(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=UTC)
 
 
+def instant(moment: datetime) -> datetime:
+    """`moment` as the UTC time every column holds, for comparing against one. Postgres compares aware
+    times as instants, but SQLite compares the stored text: a bound kept in its own offset (`23:00+02:00`)
+    would be read as 23:00 UTC. A naive moment is UTC already, as `as_utc` reads it."""
+    return as_utc(moment).astimezone(UTC)
+
+
 # --- verifications --------------------------------------------------------------------------
 
 def _event(session: Session, verification_id: str, from_state: str | None, to_state: str, attempt: int,
@@ -133,9 +140,9 @@ def list_conditions(filters: ListFilters) -> list[Any]:
         if value is not None:
             conditions.append(column == value)
     if filters.since is not None:
-        conditions.append(Verification.created_at >= filters.since)
+        conditions.append(Verification.created_at >= instant(filters.since))
     if filters.until is not None:
-        conditions.append(Verification.created_at < filters.until)
+        conditions.append(Verification.created_at < instant(filters.until))
     return conditions + policy_conditions(filters.policy_origin, filters.policy)
 
 
