@@ -104,6 +104,8 @@ def _attempt(url: str, temp: Path, policy: FetchPolicy, progress: Callable[[int,
         raise RetryLaterError(f"{redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise FetchError("artifact.fetch_failed", f"{redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
+    except (httpx.InvalidURL, ValueError) as exc:  # its message quotes a piece of the URL (a port, a host)
+        raise FetchError("artifact.fetch_failed", f"{redact_uri(url)}: not a URL ({type(exc).__name__})") from None
 
 
 def download(url: str, temp: Path, policy: FetchPolicy, progress: Callable[[int, int], None]) -> str:

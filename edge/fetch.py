@@ -12,6 +12,7 @@ from edge.download import FetchPolicy, download
 from edge.errors import FetchError
 from edge.file_roots import OutsideRootsError, check_tree
 from edge.hub import Hub, fetch_hf_file, fetch_hf_snapshot
+from edge.redact import redact_uri
 from edge.store import ContentStore
 from edge.uri_policy import HF_URI, UriRefusedError
 
@@ -28,10 +29,19 @@ def local_file(uri: str, policy: FetchPolicy, *, must_exist: bool = True) -> Pat
         raise FetchError("artifact.fetch_failed", f"refused: {exc}") from exc
 
 
+def _scheme(uri: str) -> str:
+    """The scheme of `uri`; a URI `urlsplit` refuses is a blocker whose message quotes it redacted, never
+    the parser's own message (which repeats the offending piece: a bracketed host, a port)."""
+    try:
+        return urlsplit(uri).scheme
+    except ValueError:
+        raise FetchError("artifact.fetch_failed", f"{redact_uri(uri)}: not a URL") from None
+
+
 def fetch_artifact(uri: str, expected: str | None, store: ContentStore, policy: FetchPolicy,
                    progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
     """A local path holding exactly the bytes of `uri` (and of `expected`, when given)."""
-    scheme = urlsplit(uri).scheme
+    scheme = _scheme(uri)
     if scheme in ("", "file"):
         path = local_file(uri, policy, must_exist=False)
         if not path.is_file():
@@ -55,7 +65,7 @@ def fetch_artifact(uri: str, expected: str | None, store: ContentStore, policy: 
 
 def fetch_source(uri: str, store: ContentStore, policy: FetchPolicy) -> Path:
     """A local model directory: `file://` inside the roots (every entry too), or an hf:// snapshot."""
-    if urlsplit(uri).scheme in ("", "file"):
+    if _scheme(uri) in ("", "file"):
         path = local_file(uri, policy, must_exist=False)
         if not path.is_dir():
             raise FetchError("source.missing", f"{path} is not a directory")
