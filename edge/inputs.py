@@ -64,7 +64,8 @@ def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch:
     except FetchError as exc:
         code = "imatrix.sha256_mismatch" if exc.code == "artifact.sha256_mismatch" else "imatrix.unavailable"
         return unfetched(request, policy, Blocker(code=code, gate="input", why=f"importance matrix: {exc.why}"))
-    return LocalInputs(source=source, artifact=artifact, artifact_uri=redact(uris.artifact), release_files=release,
+    return LocalInputs(source=source, source_uri=redact(uris.source), artifact=artifact,
+                       artifact_uri=redact(uris.artifact), release_files=release,
                        imatrix=imatrix, imatrix_uri=redact(uris.imatrix) if uris.imatrix else None)
 
 

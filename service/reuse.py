@@ -17,6 +17,12 @@ one only when all three are known to be the same:
 
 The key holds the first three (the local pool's versions are compared at lookup, against each candidate's
 report). A run that ended without a verdict (failed, cancelled) is never reused; NO-GO is, like GO.
+
+And the reader: a reused verdict carries the original's report and attestation, which name the original
+submitter's URIs and texts. So it is shared only with principals allowed to read the original (its own
+submitter, or a role that reads every verification); anyone else's identical submission runs. Rewriting
+the copy to the new submission's URIs was the alternative, refused: the signed report would then
+describe a run that never happened.
 """
 
 from __future__ import annotations
@@ -89,12 +95,14 @@ def same_verifier(settings: Settings, environment: object) -> bool:
     return all(_installed(name) == value for name, value in recorded.items())
 
 
-def insert_or_reuse(session: Session, settings: Settings, *, fresh: bool, **columns: Any) -> Verification | None:
+def insert_or_reuse(session: Session, settings: Settings, *, fresh: bool, among: str | None,
+                    **columns: Any) -> Verification | None:
     """Store a submission: born completed with an earlier verdict when one may stand for it (and `fresh`
-    was not asked), else queued; None when the submitter already used the idempotency key."""
+    was not asked), else queued; None when the submitter already used the idempotency key. `among`: only
+    this submitter's verdicts may stand (None: any, for a principal who may read them all)."""
     key = reuse_key(settings, columns["request"], columns["policy_sha256"])
     found = None if key is None or fresh else reuse_store.reusable(
-        session, key, functools.partial(same_verifier, settings))
+        session, key, functools.partial(same_verifier, settings), submitted_by=among)
     if found is not None:
         return reuse_store.insert_reused(session, found, reuse_key=key, **columns)
     return repository.insert_unless_known(session, reuse_key=key, **columns)

@@ -29,6 +29,9 @@ def digest_file(path: Path, uri: str | None = None) -> FileDigest:
     return FileDigest(uri=uri or path.absolute().as_uri(), sha256=sha256_file(path), size=path.stat().st_size)
 
 
-def digest_tree(root: Path) -> list[FileDigest]:
-    """Digests of every regular file under `root`, in a stable order."""
-    return [digest_file(p) for p in sorted(root.rglob("*")) if p.is_file()]
+def digest_tree(root: Path, root_uri: str) -> list[FileDigest]:
+    """Digests of every regular file under `root`, in a stable order, each named `root_uri/relative path`:
+    the URI the source was asked by, whatever local directory (a server's content store) holds it."""
+    base = root_uri.rstrip("/")
+    return [digest_file(p, f"{base}/{p.relative_to(root).as_posix()}") for p in sorted(root.rglob("*"))
+            if p.is_file()]

@@ -66,6 +66,7 @@ class LocalInputs:
     """Where the bytes are: local paths, and the URI the report names the artifact by."""
 
     source: Path
+    source_uri: str | None = None  # default: the source directory's file:// URI
     artifact: Path
     artifact_uri: str | None = None  # default: the artifact's file:// URI
     release_files: tuple[Path, ...] = ()
@@ -75,6 +76,11 @@ class LocalInputs:
     @property
     def artifact_name(self) -> str:
         return self.artifact_uri or self.artifact.absolute().as_uri()
+
+    @property
+    def source_name(self) -> str:
+        """What the report calls the source: the URI it was asked by, not the store path it was fetched to."""
+        return self.source_uri or self.source.absolute().as_uri()
 
 
 def environment() -> dict[str, str]:
@@ -183,13 +189,13 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
     run = _Run(request)
     source_dir, artifact = inputs.source, inputs.artifact
     if not source_dir.is_dir():
-        raise SourceUnavailableError(f"{source_dir} is not a directory")
+        raise SourceUnavailableError(f"{inputs.source_name} is not a directory")
     if not artifact.is_file():
         return unfetched(request, policy, Blocker(code="artifact.unreadable", gate="input",
-                                                  why=f"{artifact} is not a readable file")), None
+                                                  why=f"{inputs.artifact_name} is not a readable file")), None
     sha = sha256_file(artifact, lambda done, total: progress("sha256", done, total))
     run.artifact = FileDigest(uri=inputs.artifact_name, sha256=sha, size=artifact.stat().st_size)
-    run.files = [run.artifact, *digest_tree(source_dir)]
+    run.files = [run.artifact, *digest_tree(source_dir, inputs.source_name)]
     run.timings["fetch_and_digest"] = time.perf_counter() - run.started
     if request.expected_sha256 is not None and request.expected_sha256.lower() != sha:
         run.stop_all(Blocker(code="artifact.sha256_mismatch", gate="input",

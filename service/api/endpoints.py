@@ -72,7 +72,8 @@ def _create_verification(body: SubmitRequest, response: Response, session: Sessi
                          principal: Principal, idempotency_key: str | None) -> VerificationOut:
     try:
         verification, created = verifications.submit(session, settings, principal.name, body, idempotency_key,
-                                                      may_author_policies=principal.role in AUTHOR_POLICIES)
+                                                      may_author_policies=principal.role in AUTHOR_POLICIES,
+                                                      may_read_all=principal.role not in OWN_ONLY)
         # Commit here, in the request's own thread, not in the dependency's teardown: concurrent
         # duplicates wait on this row's unique-index lock, and a teardown queued behind them for a
         # threadpool slot would deadlock until the pool times out.

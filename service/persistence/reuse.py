@@ -23,15 +23,18 @@ class Reusable(NamedTuple):
     verdict: str
 
 
-def reusable(session: Session, key: str, same_verifier: Callable[[object], bool]) -> Reusable | None:
-    """The newest completed verification with this key whose report's environment `same_verifier`
-    accepts (only that part of each report is read), naming the run that produced its verdict."""
-    rows = session.execute(
-        select(Verification.id, Verification.reused_from, Verdict.id, Verdict.verdict,
-               Verdict.report["environment"])
-        .join(Verdict, Verdict.verification_id == Verification.id)
-        .where(Verification.reuse_key == key, Verification.state == State.COMPLETED)
-        .order_by(Verification.created_at.desc()).limit(CANDIDATES))
+def reusable(session: Session, key: str, same_verifier: Callable[[object], bool], *,
+             submitted_by: str | None) -> Reusable | None:
+    """The newest completed verification with this key (and, given `submitted_by`, that submitter's)
+    whose report's environment `same_verifier` accepts (only that part of each report is read), naming
+    the run that produced its verdict."""
+    query = (select(Verification.id, Verification.reused_from, Verdict.id, Verdict.verdict,
+                    Verdict.report["environment"])
+             .join(Verdict, Verdict.verification_id == Verification.id)
+             .where(Verification.reuse_key == key, Verification.state == State.COMPLETED))
+    if submitted_by is not None:
+        query = query.where(Verification.submitted_by == submitted_by)
+    rows = session.execute(query.order_by(Verification.created_at.desc()).limit(CANDIDATES))
     for verification_id, reused_from, verdict_id, verdict_value, environment in rows:
         if same_verifier(environment):
             return Reusable(reused_from or verification_id, verdict_id, verdict_value)

@@ -351,7 +351,8 @@ def test_hf_source_snapshot_at_a_pinned_commit(hub, store):
         ROUTES[f"/org/src/resolve/{COMMIT}/{name}"] = (200, {"X-Repo-Commit": COMMIT, "ETag": f'"{etag}"'}, body)
     root = fetch_source(f"hf://org/src@{COMMIT}", store, hub_policy(hub))
     assert sorted(p.name for p in root.iterdir() if p.name != ".complete") == ["config.json", "model.safetensors"]
-    digests = {Path(d.uri).name: d.sha256 for d in digest_tree(root) if Path(d.uri).name != ".complete"}
+    digests = {Path(d.uri).name: d.sha256 for d in digest_tree(root, f"hf://org/src@{COMMIT}")
+               if Path(d.uri).name != ".complete"}
     assert digests == {name: hashlib.sha256(body).hexdigest() for name, body in files.items()}
     with pytest.raises(FetchError, match="40-hex"):
         fetch_source("hf://org/src@main", store, hub_policy(hub))

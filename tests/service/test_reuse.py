@@ -38,6 +38,7 @@ def api(request, tmp_path):
     suffix = uuid.uuid4().hex[:6]
     with TestClient(app) as client:
         client.tokens = {who: add_token(url, Role.SUBMITTER, f"{who}-{suffix}") for who in ("one", "two")}
+        client.tokens["admin"] = add_token(url, Role.ADMIN, f"admin-{suffix}")
         client.factory = app.state.session_factory
         client.settings = settings
         yield client
@@ -82,7 +83,7 @@ def launched(api) -> list[str]:
 def test_an_identical_pinned_submission_returns_the_verdict_at_once_without_a_job(api, verdict):
     original = submit(api).json()["id"]
     report = finish(api, original, verdict)
-    response = submit(api, who="two")
+    response = submit(api)
     assert response.status_code == 202, response.text
     reused = response.json()
     assert reused["id"] != original and reused["reused_from"] == original
@@ -90,8 +91,8 @@ def test_an_identical_pinned_submission_returns_the_verdict_at_once_without_a_jo
         "completed", verdict, 0, 0)
     assert reused["finished_at"] is not None and reused["started_at"] is None
     assert launched(api) == []  # terminal: nothing to dispatch
-    assert get(api, f"/v1/verifications/{reused['id']}/report", who="two").json()["verdict"] == report["verdict"]
-    events = get(api, f"/v1/verifications/{reused['id']}/events", who="two").json()
+    assert get(api, f"/v1/verifications/{reused['id']}/report").json()["verdict"] == report["verdict"]
+    events = get(api, f"/v1/verifications/{reused['id']}/events").json()
     assert [(e["from_state"], e["to_state"]) for e in events] == [(None, "completed")]
     assert events[0]["message"] == (f"verdict {verdict} reused from {original} (same pinned inputs, policy and "
                                     "verifier; no Job)")
@@ -105,6 +106,27 @@ def test_an_identical_pinned_submission_returns_the_verdict_at_once_without_a_jo
         assert repository.events(session, reused["id"])[0].reason_code == Reason.VERDICT
         keys = {repository.get_verification(session, v).reuse_key for v in (original, reused["id"])}
         assert len(keys) == 1 and None not in keys
+
+
+def test_another_submitters_identical_submission_is_measured_not_reused(api):
+    """Before: submitter two got submitter one's verdict (`reused_from`), whose report and attestation name
+    one's artifact URI, though a GET of one's verification is 404 for two. A verdict is now shared only
+    with whoever may read the original; anyone else's submission runs."""
+    original = submit(api).json()["id"]
+    finish(api, original)
+    response = submit(api, who="two")
+    assert response.status_code == 202, response.text
+    theirs = response.json()
+    assert (theirs["state"], theirs["reused_from"], theirs["verdict"]) == ("queued", None, None)
+    assert launched(api) == [theirs["id"]]
+    assert get(api, f"/v1/verifications/{original}", who="two").status_code == 404
+
+
+def test_a_principal_who_may_read_every_verdict_reuses_any(api):
+    original = submit(api).json()["id"]
+    finish(api, original)
+    response = submit(api, who="admin")
+    assert response.status_code == 202 and response.json()["reused_from"] == original
 
 
 def test_fresh_forces_a_new_run(api):
