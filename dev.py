@@ -229,7 +229,8 @@ def test(pytest_args: list[str]) -> int:
 # and the suite takes about as long as its larger half; the split keeps them near equal, measured from
 # each half's JUnit XML (docs/development.md#the-suite).
 BESIDE = ("tests/cluster", "tests/deploy", "tests/mutation", "tests/integration/test_trained_models.py",
-          "tests/integration/test_benchmark_scripts.py", "tests/integration/test_architectures_decoders.py")
+          "tests/integration/test_benchmark_scripts.py", "tests/integration/test_architectures_decoders.py",
+          "tests/service/test_soak.py")
 
 
 def _run_halves(env: dict[str, str]) -> int:

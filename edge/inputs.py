@@ -14,7 +14,7 @@ from pathlib import Path
 from edge.download import FetchPolicy
 from edge.errors import FetchError
 from edge.fetch import fetch_artifact, fetch_source, local_file
-from edge.redact import redact
+from edge.redact import redact_uri
 from edge.store import ContentStore
 from worker.blockers import Blocker
 from worker.engine import LocalInputs, SourceUnavailableError, VerifyRequest, unfetched, verify, verify_shard
@@ -64,9 +64,9 @@ def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch:
     except FetchError as exc:
         code = "imatrix.sha256_mismatch" if exc.code == "artifact.sha256_mismatch" else "imatrix.unavailable"
         return unfetched(request, policy, Blocker(code=code, gate="input", why=f"importance matrix: {exc.why}"))
-    return LocalInputs(source=source, source_uri=redact(uris.source), artifact=artifact,
-                       artifact_uri=redact(uris.artifact), release_files=release,
-                       imatrix=imatrix, imatrix_uri=redact(uris.imatrix) if uris.imatrix else None)
+    return LocalInputs(source=source, source_uri=redact_uri(uris.source), artifact=artifact,
+                       artifact_uri=redact_uri(uris.artifact), release_files=release,
+                       imatrix=imatrix, imatrix_uri=redact_uri(uris.imatrix) if uris.imatrix else None)
 
 
 def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,

@@ -15,7 +15,7 @@ from typing import Any
 
 from edge.download import FetchPolicy
 from edge.inputs import InputUris
-from edge.redact import redact
+from edge.redact import redact_uri
 from edge.retry import RetryPolicy
 from edge.uri_policy import UriPolicy
 from service.config import Settings
@@ -39,11 +39,11 @@ def stored_request(request: dict[str, Any]) -> dict[str, Any]:
     """The request as stored: URIs redacted, the originals under FETCH_URIS when they differ."""
     originals = {"source_uri": request["source_uri"], "artifact_uri": request["artifact_uri"],
                  "release_files": list(request.get("release_files") or [])}
-    shown = {"source_uri": redact(originals["source_uri"]), "artifact_uri": redact(originals["artifact_uri"]),
-             "release_files": [redact(uri) for uri in originals["release_files"]]}
+    shown = {"source_uri": redact_uri(originals["source_uri"]), "artifact_uri": redact_uri(originals["artifact_uri"]),
+             "release_files": [redact_uri(uri) for uri in originals["release_files"]]}
     if request.get("imatrix_uri") is not None:
         originals["imatrix_uri"] = request["imatrix_uri"]
-        shown["imatrix_uri"] = redact(request["imatrix_uri"])
+        shown["imatrix_uri"] = redact_uri(request["imatrix_uri"])
     stored = request | shown
     if shown != originals:
         stored[FETCH_URIS] = originals

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from edge.file_roots import file_uri_path
-from edge.redact import redact
+from edge.redact import redact, redact_uri
 from edge.uri_policy import UriRefusedError
 from service import callbacks, reuse
 from service.config import INLINE_VERSION_PREFIX, Settings
@@ -98,7 +98,7 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
     request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={
         "policy", "fresh", "callback_url", *unset}))  # fresh: how to answer, not what was asked
     if body.callback_url is not None:
-        request["callback_url"] = redact(body.callback_url)  # the full URL is its column, never shown
+        request["callback_url"] = redact_uri(body.callback_url)  # the full URL is its column, never shown
     policy_sha256 = policy.sha256()  # once: its canonical dump is a visible share of a submission's CPU
     request_sha256 = hashlib.sha256(json.dumps(
         {"request": public_request(request), "policy": policy_sha256}, sort_keys=True).encode()).hexdigest()

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from edge.redact import redact
+from edge.redact import redact_uri
 from service import callbacks, verifications
 from service.api import access_log
 from service.api.deps import Principal, SessionDep, SettingsDep, bearer, require
@@ -193,7 +193,7 @@ def read_callbacks(verification_id: VerificationId, request: Request, session: S
     verification = _visible(session, verification_id, principal)
     access_log.record(session, request, principal, "read_callbacks", verification.id)
     url = verification.callback_url
-    return CallbacksOut(callback_url=None if url is None else redact(url), state=verification.callback_state,
+    return CallbacksOut(callback_url=None if url is None else redact_uri(url), state=verification.callback_state,
                         deliveries=[CallbackDeliveryOut(
                             attempt=d.attempt, delivery_id=d.delivery_id, at=repository.as_utc(d.at),
                             status_code=d.status_code, error=d.error, next_retry_at=repository.as_utc(d.next_retry_at))

@@ -244,7 +244,7 @@ def test_a_reused_verdict_calls_back_at_once(db, tmp_path, receiver):
     pinned = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/g@" + "1" * 40 + "/m.gguf"}
     with app_for(db, tmp_path, hook.origin, run_callbacks=True) as api:
         new_secret(api, who["two"])
-        original = submit(api, who["one"], tmp_path, **pinned).json()["id"]
+        original = submit(api, who["two"], tmp_path, **pinned).json()["id"]  # reuse is within a submitter
         from worker.engine import environment
 
         report = {"verdict": "GO", "blockers": [], "gates": {}, "policy": {}, "artifact": None, "files": [],
