@@ -17,7 +17,10 @@ class OutsideRootsError(ValueError):
 def file_uri_path(uri: str) -> Path:
     """The path a plain path or a `file://` URI names (a URI with a host part is refused), judged in its
     decoded form: no file system call takes a NUL byte (`%00`), nor a lone surrogate."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # a malformed IPv6 host: not a path of this machine either
+        raise OutsideRootsError("not a valid file URI") from exc
     if parts.scheme and parts.scheme != "file":
         raise OutsideRootsError(f"{parts.scheme}:// is not a local file URI")
     if parts.scheme and parts.netloc not in ("", "localhost"):

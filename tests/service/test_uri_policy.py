@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import ssl
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import httpcore
 import httpx
 import pytest
 import trustme
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edge.addresses import embedded, refusal
 from edge.download import FetchPolicy
@@ -392,3 +395,60 @@ def test_the_client_follows_no_redirect_reads_no_environment_and_passes_its_time
     assert seen[0].extensions["timeout"] == {"connect": 3.5, "read": 3.5, "write": 3.5, "pool": 3.5}
     # the test server speaks HTTP/1.0: the extensions are the connection's, not httpx's defaults
     assert response.http_version == "HTTP/1.0" and "network_stream" in response.extensions
+
+
+# --- any text: admitted or refused, never another error (issue 22) -----------------------------------
+
+PIECES = st.one_of(st.sampled_from(["\x00", "%00", "%0", "%", "\ud800", "\udfff", " ", "\t", "\n", "\u2028",
+                                    "\x85", "\xa0", "\x7f", "[", "]", "[::1", "@", ":", "/", "..", "%2e", "%2F",
+                                    "localhost", "8.8.8.8", "m.gguf", "a" * 70]),
+                   st.text(max_size=6))
+HOSTILE_URIS = st.builds(lambda scheme, pieces: scheme + "".join(pieces),
+                         st.sampled_from(["file://", "file:", "https://", "hf://", "http://", "", "ftp://"]),
+                         st.lists(PIECES, max_size=10))
+
+
+def _unsafe(uri: str) -> bool:
+    """What no admitted URI may hold: a NUL (raw or %00), a lone surrogate, whitespace or a control."""
+    return "%00" in uri or any(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cs") for ch in uri)
+
+
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(uri=HOSTILE_URIS)
+def test_any_text_is_admitted_or_refused_never_another_error(roots, uri):
+    root, _ = roots
+    policy = UriPolicy(allow_file=True, file_roots=(root,), resolver=fixed("8.8.8.8"))
+    for call in (lambda: policy.check(uri), lambda: policy.check(uri, directory=True),
+                 lambda: policy.local_path(uri, must_exist=False), lambda: policy.check_url(uri)):
+        try:
+            call()
+        except UriRefusedError:
+            continue
+        assert not _unsafe(uri), uri
+
+
+@pytest.mark.parametrize("uri", ["file:///models/m%00.gguf", "file:///models/m\x00.gguf", "file:///models/\ud800",
+                                 "file:///models/a b", "https://h.example/a%00", "https://[::1/x", "https://h\x00.example/",
+                                 "hf://o/r@" + "a" * 40 + "/x\ny"])
+def test_nul_surrogates_whitespace_and_broken_hosts_are_refusals(roots, uri):
+    root, _ = roots
+    uri = uri.replace("/models", str(root))
+    with pytest.raises(UriRefusedError):
+        UriPolicy(allow_file=True, file_roots=(root,), resolver=fixed("8.8.8.8")).check(uri)
+
+
+def test_a_refusal_names_no_root_and_no_symlink_target(roots):
+    root, outside = roots
+    (root / "link.gguf").symlink_to(outside / "secret.gguf")
+    (root / "gone.gguf").symlink_to(outside / "missing.gguf")
+    policy = rooted(root)
+    for uri, shown in (((root / "link.gguf").as_uri(), root / "link.gguf"),
+                       ((outside / "secret.gguf").as_uri(), outside / "secret.gguf")):
+        with pytest.raises(UriRefusedError) as info:
+            policy.check(uri)
+        assert str(info.value) == f"{shown} is outside the allowed file roots"
+    (outside / "missing.gguf").write_bytes(b"")
+    (root / "inner.gguf").symlink_to(root / "m.gguf.moved")
+    with pytest.raises(UriRefusedError) as info:
+        policy.local_path((root / "inner.gguf").as_uri())
+    assert str(info.value) == f"{root / 'inner.gguf'} does not exist" and "moved" not in str(info.value)
