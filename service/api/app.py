@@ -19,6 +19,7 @@ from service.api.deps import get_principal
 from service.api.event_stream import StreamSlots
 from service.api.limits import BodyLimitMiddleware
 from service.api.login_throttle import LoginThrottle
+from service.api.ui_sessions import UiSessions
 from service.auth import OPERATE
 from service.callbacks_loop import CallbackLoop
 from service.config import Settings
@@ -63,6 +64,7 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
     app.state.session_factory = factory
     app.state.engine = engine
     app.state.login_throttle = LoginThrottle()
+    app.state.ui_sessions = UiSessions(settings)
     app.state.stream_slots = StreamSlots(settings.max_streams, settings.max_streams_per_principal)
     for module in (endpoints, access_log, queue_page, exports, pages_auditor, attestation_endpoint):
         app.include_router(module.router)

@@ -56,7 +56,7 @@ class Principal:
     role: Role
 
 
-UI_COOKIE = "convgate_token"  # set only by POST /ui/login; Secure, HttpOnly, SameSite=Strict, Path=/ui
+UI_COOKIE = "convgate_token"  # set only by POST /ui/login (service/api/ui_sessions.py); Secure, HttpOnly, ...
 
 
 def bearer(request: Request) -> str | None:
@@ -67,14 +67,17 @@ def bearer(request: Request) -> str | None:
 
 
 def principal_for(session: Session, secret: str | None) -> Principal | None:
-    if not secret:
+    return principal_by_digest(session, digest(secret) if secret else None)
+
+
+def principal_by_digest(session: Session, token_sha256: str | None) -> Principal | None:
+    if not token_sha256:
         return None
-    found = read_first(session, lambda reader: tokens.active_name_and_role(reader, digest(secret)))
+    found = read_first(session, lambda reader: tokens.active_name_and_role(reader, token_sha256))
     return None if found is None else Principal(found[0], Role(found[1]))
 
 
-def _principal_or_401(session: Session, secret: str | None) -> Principal:
-    principal = principal_for(session, secret)
+def _or_401(principal: Principal | None) -> Principal:
     if principal is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
                             headers={"WWW-Authenticate": "Bearer"})
@@ -84,18 +87,19 @@ def _principal_or_401(session: Session, secret: str | None) -> Principal:
 def get_principal(request: Request, session: SessionDep) -> Principal:
     """The API authenticates by the Authorization header only: a cookie rides along with any request a
     browser makes, so it must never authorise a write or a JSON read."""
-    return _principal_or_401(session, bearer(request))
+    return _or_401(principal_for(session, bearer(request)))
 
 
-def ui_secret(request: Request) -> str | None:
-    """The operator page's own GET reads: the header, or the cookie POST /ui/login set."""
-    if request.method != "GET":
-        return bearer(request)
-    return bearer(request) or request.cookies.get(UI_COOKIE)
+def ui_token_sha256(request: Request) -> str | None:
+    """The pages' own GET reads: the header's token, or the one the cookie POST /ui/login set vouches for."""
+    if secret := bearer(request):
+        return digest(secret)
+    cookie = request.cookies.get(UI_COOKIE) if request.method == "GET" else None
+    return request.app.state.ui_sessions.token_sha256(cookie) if cookie else None
 
 
 def get_ui_principal(request: Request, session: SessionDep) -> Principal:
-    return _principal_or_401(session, ui_secret(request))
+    return _or_401(principal_by_digest(session, ui_token_sha256(request)))
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from service.api.deps import Principal, principal_for, ui_secret
+from service.api.deps import Principal, principal_by_digest, ui_token_sha256
 from service.auth import OPERATE, READ_ANY, Role
 
 STYLE = """
@@ -99,7 +99,7 @@ def page_principal(request: Request, session: Session, page: str) -> Principal |
     """The signed-in caller allowed on `page` (the UI cookie or a bearer header), else the page to show:
     the sign-in form (401), which returns to `page`, or a refusal (403)."""
     roles, what = PAGES[page]
-    principal = principal_for(session, ui_secret(request))
+    principal = principal_by_digest(session, ui_token_sha256(request))
     if principal is None:
         return login_page(f"sign in to {what}", 401, page)
     if principal.role not in roles:

@@ -36,13 +36,14 @@ from service.api.pages_html import (
     page_principal,
     safe_next,
 )
+from service.api.ui_sessions import SESSION_SECONDS
+from service.attestations import KeyFileError
 from service.auth import OPERATE
 from service.persistence.recent import recent_finished
 from service.persistence.repository import as_utc
 from service.schemas import QueueItem, QueueOut
 
 router = APIRouter(prefix="/ui")
-SESSION_SECONDS = 8 * 3600
 MAX_FORM_BYTES = 4096
 RECENT = 20  # finished verifications shown under the queue
 ACTIVE_HEAD = ("id", "model", "submitter", "state", "attempt", "waited", "ran", "progress", "Kueue", "worker",
@@ -163,8 +164,12 @@ async def login(request: Request, session: SessionDep) -> Response:
         return login_page("not a valid token", 401, target)
     if principal.role not in roles:
         return login_page(f"role {principal.role} may not {what}", 403, target)
+    try:
+        cookie = await run_in_threadpool(request.app.state.ui_sessions.issue, secret)  # first use reads the key
+    except KeyFileError as exc:
+        return login_page(f"sign-in unavailable: the signing key cannot be loaded ({exc})", 503, target)
     redirect = RedirectResponse(target, status_code=303)
-    redirect.set_cookie(UI_COOKIE, secret, max_age=SESSION_SECONDS, path="/ui", secure=True, httponly=True,
+    redirect.set_cookie(UI_COOKIE, cookie, max_age=SESSION_SECONDS, path="/ui", secure=True, httponly=True,
                         samesite="strict")
     return redirect
 

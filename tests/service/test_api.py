@@ -273,7 +273,7 @@ def test_the_ui_token_never_travels_in_a_url_and_the_cookie_is_strict(sqlite_url
         assert client.get("/ui/queue").status_code == 200  # the browser sends the cookie on its own reads
         assert client.get("/ui/queue/table").status_code == 200
         # the cookie authenticates nothing else: no JSON API read, no write
-        jar = {"convgate_token": operator}
+        jar = {"convgate_token": client.cookies["convgate_token"]}
         with TestClient(app, base_url="https://testserver", cookies=jar) as other:
             assert other.get("/v1/queue").status_code == 401
             assert other.post("/v1/verifications", json=body()).status_code == 401

@@ -139,8 +139,9 @@ def test_who_may_use_the_pages(client):
         sign_in(client, role)
         for path in paths:
             assert client.get(path).status_code == 200, (role, path)
+    sign_in(client, Role.AUDITOR)
     with TestClient(client.app, base_url="https://testserver",
-                    cookies={"convgate_token": add_token(client.database, Role.AUDITOR)}) as other:
+                    cookies={"convgate_token": client.cookies["convgate_token"]}) as other:
         assert other.get("/v1/verdicts/export").status_code == 401  # the cookie is for the pages only
 
 
