@@ -46,11 +46,12 @@ class Unreadable:
     created_at: datetime
 
 
-def _ordered(query: Select[Any], filters: ListFilters, after: Keyset | None) -> Select[Any]:
+def _ordered(columns: Sequence[Any], filters: ListFilters, after: Keyset | None) -> Select[Any]:
+    """`columns` of the verdicts under the filters after the keyset, in the list's order."""
     conditions = list_conditions(filters)
     if after is not None:
         conditions += older_than(*after)
-    return (query.join(Verdict, Verdict.verification_id == Verification.id).where(*conditions)
+    return (select(*columns).join(Verdict, Verdict.verification_id == Verification.id).where(*conditions)
             .order_by(Verification.created_at.desc(), Verification.id.desc()))
 
 
@@ -60,13 +61,13 @@ def verdict_page(session: Session, filters: ListFilters, *, after: Keyset | None
     One query, as long as every row can be read; else the page again row by row, so one bad row is
     one `Unreadable` and not the end of the export."""
     try:
-        return session.execute(_ordered(select(*COLUMNS), filters, after).limit(limit)).all()
+        return session.execute(_ordered(COLUMNS, filters, after).limit(limit)).all()
     except UNREADABLE:
         session.rollback()  # Postgres ends a transaction at its first error
         log.warning("a page of the verdict export holds a row that cannot be read; reading it row by row")
-    keys = session.execute(_ordered(select(Verification.created_at, Verification.id), filters, after)
+    keys = session.execute(_ordered((Verification.created_at, Verification.id), filters, after)
                            .limit(limit)).all()
-    return [_one(session, created_at, ident) for created_at, ident in keys]
+    return [_one(session, key.created_at, key.id) for key in keys]
 
 
 def _one(session: Session, created_at: datetime, ident: str) -> Row[Any] | Unreadable:
