@@ -138,7 +138,10 @@ def login_form() -> HTMLResponse:
                             "required": ["token"]}}}}},
              responses={303: {"description": "signed in: the cookie is set, on to `next` (default /ui/queue)"},
                         400: {"description": "a malformed form"},
-                        401: {"description": "not a valid token"}, 403: {"description": "a role not of that page"}})
+                        401: {"description": "not a valid token"}, 403: {"description": "a role not of that page"},
+                        429: {"description": "too many sign-in attempts from this address or for this token "
+                                              "prefix: retry after `Retry-After` seconds"},
+                        503: {"description": "the database or the signing key is unavailable"}})
 async def login(request: Request, session: SessionDep) -> Response:
     """Sign in with a token in the form body; sets the UI cookie for the roles of the page it returns to."""
     if _cross_site(request):
