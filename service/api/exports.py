@@ -205,7 +205,10 @@ def verdict_chunks(factory: sessionmaker[Session], settings: Settings, filters: 
 
 @router.get("/verdicts/export", response_class=StreamingResponse, response_model=None,
             responses={200: {"description": "every matching verdict, newest first: JSON Lines, or CSV with a "
-                             "header row (format=csv or Accept: text/csv)", "content": EXPORT_TYPES},
+                             "header row (format=csv or Accept: text/csv). A stored row that cannot be exported "
+                             "is a marker in its place ({\"id\", \"skipped\"}; in CSV the reason in the verdict "
+                             "column), and a last line counts them ({\"skipped_rows\": n})",
+                             "content": EXPORT_TYPES},
                        503: {**ERRORS[400], "description": "attestation=true, and the signing key cannot be loaded"}})
 def export_verdicts(
     request: Request, session: SessionDep, settings: SettingsDep,
