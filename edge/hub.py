@@ -93,9 +93,12 @@ def fetch_hf_file(hub: Hub, path: str, expected: str | None, store: ContentStore
 
 
 def fetch_hf_snapshot(hub: Hub, store: ContentStore) -> Path:
-    """Every file of the repository at the commit, under `store.root/hf/<owner>--<name>/<commit>`."""
+    """Every file of the repository at the commit, under `store.root/hf/<owner>--<name>/<commit>`, and
+    nothing else: the report lists every file there as the source's, so the marker that says the snapshot
+    is whole sits beside it."""
     target = store.root / "hf" / hub.repo.replace("/", "--") / hub.revision
-    if (target / ".complete").is_file():
+    complete = target.with_name(target.name + ".complete")
+    if complete.is_file() and target.is_dir():
         return target
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -104,7 +107,7 @@ def fetch_hf_snapshot(hub: Hub, store: ContentStore) -> Path:
         destination.parent.mkdir(parents=True, exist_ok=True)
         hub.download_to(name, destination, lambda done, total: None)
     partial.mkdir(parents=True, exist_ok=True)
-    (partial / ".complete").write_text(hub.revision + "\n", encoding="utf-8")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
+    complete.write_text(hub.revision + "\n", encoding="utf-8")
     return target

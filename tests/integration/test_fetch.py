@@ -350,9 +350,9 @@ def test_hf_source_snapshot_at_a_pinned_commit(hub, store):
         etag = hashlib.sha256(body).hexdigest()
         ROUTES[f"/org/src/resolve/{COMMIT}/{name}"] = (200, {"X-Repo-Commit": COMMIT, "ETag": f'"{etag}"'}, body)
     root = fetch_source(f"hf://org/src@{COMMIT}", store, hub_policy(hub))
-    assert sorted(p.name for p in root.iterdir() if p.name != ".complete") == ["config.json", "model.safetensors"]
-    digests = {Path(d.uri).name: d.sha256 for d in digest_tree(root, f"hf://org/src@{COMMIT}")
-               if Path(d.uri).name != ".complete"}
+    # only the repository's files: the report lists every file of the snapshot as the source's
+    assert sorted(p.name for p in root.iterdir()) == ["config.json", "model.safetensors"]
+    digests = {Path(d.uri).name: d.sha256 for d in digest_tree(root, f"hf://org/src@{COMMIT}")}
     assert digests == {name: hashlib.sha256(body).hexdigest() for name, body in files.items()}
     with pytest.raises(FetchError, match="40-hex"):
         fetch_source("hf://org/src@main", store, hub_policy(hub))
