@@ -81,11 +81,15 @@ def ensure_venv() -> None:
     STAMP.write_text(wanted)
 
 
-def build_fixtures(*names: str) -> None:
+def _link_fixtures() -> None:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     link = ROOT / ".fixtures"
     if not link.exists() and not link.is_symlink():
         link.symlink_to(FIXTURES, target_is_directory=True)  # the scripts' default --fixtures
+
+
+def build_fixtures(*names: str) -> None:
+    _link_fixtures()
     _check(PYTHON, ROOT / "scripts" / "build_fixtures.py", "--out", FIXTURES, *names)
 
 
@@ -212,16 +216,18 @@ def test(pytest_args: list[str]) -> int:
     _check(VENV / "bin" / "mypy", "worker", "service")
     pg_admin = os.environ.get("CONVGATE_TEST_PG") or ensure_postgres()
     ensure_chromium()
-    build_fixtures()
-    _check(PYTHON, ROOT / "scripts" / "build_kube.py")  # cached by version; cold ~15 min on 2 cores
     ensure_container_tools()
-    _check(PYTHON, ROOT / "scripts" / "build_images.py", "--llama-wheels", llama_wheel().parent,
-           "--torch-index", "https://pypi.org/simple")  # the api and worker images, cached by content
+    kube = (PYTHON, ROOT / "scripts" / "build_kube.py")  # cached by version; cold ~15 min on 2 cores
+    images = (PYTHON, ROOT / "scripts" / "build_images.py", "--llama-wheels", llama_wheel().parent,
+              "--torch-index", "https://pypi.org/simple")  # the api and worker images, cached by content
     env = dict(os.environ, CONVGATE_FIXTURES=str(FIXTURES), CONVGATE_TEST_PG=pg_admin,
                CONVGATE_STRICT_SKIPS="1")
     if pytest_args:  # the tests a developer named, as they named them
+        build_fixtures()
+        _check(*kube)
+        _check(*images)
         return _run(PYTHON, "-m", "pytest", *pytest_args, env=env)
-    return _run_halves(env)
+    return _run_halves(env, builds_beside=(kube, images))
 
 
 # The tests that mostly wait (on a kubelet, containerd, Kueue, image imports), the mutation twins and two
@@ -233,32 +239,57 @@ BESIDE = ("tests/cluster", "tests/deploy", "tests/mutation", "tests/integration/
           "tests/service/test_soak.py")
 
 
-def _run_halves(env: dict[str, str]) -> int:
+def _relayed(name: str, command: tuple[str | Path, ...], env: dict[str, str]) -> int:
+    """Run `command`, its output line by line prefixed `[name]`."""
+    process = subprocess.Popen([str(part) for part in command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, errors="replace")
+    assert process.stdout is not None
+    for line in process.stdout:
+        sys.stdout.write(f"[{name}] {line}")
+        sys.stdout.flush()
+    return process.wait()
+
+
+def _run_halves(env: dict[str, str], builds_beside: tuple[tuple[str | Path, ...], ...]) -> int:
+    """Two pytest processes side by side. On a cold machine the cluster's binaries and the images build
+    (mostly downloads, layer writes and single-threaded installs) while the fixtures build and the main half
+    runs, and the beside half, which needs them, starts when they are done: a cold run overlaps ~35 minutes
+    of builds with tests instead of paying them first. On a warm machine every build is a cache hit."""
     reports = CACHE / "last-run"  # each half's JUnit XML: every test's duration, for whoever makes the suite faster
     reports.mkdir(parents=True, exist_ok=True)
-    common = ("-m", "pytest", "--durations=20")
-    halves = {"beside": (*common, f"--junitxml={reports / 'beside.xml'}", *BESIDE),
-              "main": (*common, f"--junitxml={reports / 'main.xml'}", *(f"--ignore={folder}" for folder in BESIDE))}
+    common = (PYTHON, "-m", "pytest", "--durations=20")
     # one thread each for torch, OpenMP and llama.cpp (worker/resources.py): two halves each running 2-thread
     # pools on 2 cores spin against each other (a SmolLM2 verification twice at once: 189 s; at 1 thread: 52 s)
     env = {"CONVGATE_THREADS": "1", **env}
-    processes = {name: subprocess.Popen([str(PYTHON), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, errors="replace")
-                 for name, args in halves.items()}
+    fixtures = (PYTHON, ROOT / "scripts" / "build_fixtures.py", "--out", FIXTURES)
+    _link_fixtures()
+    fixtures_built = threading.Event()
+    codes: dict[str, int] = {}
 
-    def relay(name: str, process: subprocess.Popen[str]) -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            sys.stdout.write(f"[{name}] {line}")
-            sys.stdout.flush()
+    def main_half() -> None:
+        codes["fixtures"] = _relayed("fixtures", fixtures, env)
+        fixtures_built.set()
+        if codes["fixtures"] == 0:
+            codes["main"] = _relayed("main", (*common, f"--junitxml={reports / 'main.xml'}",
+                                              *(f"--ignore={folder}" for folder in BESIDE)), env)
 
-    relays = [threading.Thread(target=relay, args=item) for item in processes.items()]
-    for thread in relays:
+    def beside_half() -> None:
+        for number, build in enumerate(builds_beside):
+            if code := _relayed("build", build, env):
+                codes[f"build {number}"] = code
+                return
+        fixtures_built.wait()
+        if codes.get("fixtures") == 0:
+            codes["beside"] = _relayed("beside", (*common, f"--junitxml={reports / 'beside.xml'}", *BESIDE), env)
+
+    threads = [threading.Thread(target=main_half), threading.Thread(target=beside_half)]
+    for thread in threads:
         thread.start()
-    codes = {name: process.wait() for name, process in processes.items()}
-    for thread in relays:
+    for thread in threads:
         thread.join()
-    print(f"dev.py: pytest exit codes {codes}")
+    print(f"dev.py: exit codes {codes}")
+    if set(codes) != {"fixtures", "main", "beside"}:  # a build failed: a half never ran
+        return next((code for code in codes.values() if code), 1)
     return max(codes.values(), key=abs)
 
 
