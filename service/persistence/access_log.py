@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from edge.redact import HIDDEN, redact_uri
 from service.persistence.models import AccessLogRecord
-from service.persistence.repository import now
+from service.persistence.repository import instant, now
 
 # Query values kept as sent: parameters whose value the endpoints only accept in a closed shape that
 # cannot carry a secret, and only when the value has that shape. A URI filter is stored redacted like
@@ -29,6 +29,7 @@ _CLOSED_SHAPES: dict[str, re.Pattern[str]] = {
     "policy_origin": re.compile(r"configured|inline|unrecorded"),
     "action": re.compile(r"[a-z_]{1,32}"),
     "attestation": re.compile(r"true|false|1|0", re.IGNORECASE),
+    "format": re.compile(r"jsonl|csv"),
     "since": re.compile(r"[0-9T:.+Z -]{1,40}"),
     "until": re.compile(r"[0-9T:.+Z -]{1,40}"),
 }
@@ -74,9 +75,9 @@ def access_log(session: Session, filters: AccessFilters, *, limit: int,
         (AccessLogRecord.principal, filters.principal), (AccessLogRecord.verification_id, filters.verification_id),
         (AccessLogRecord.action, filters.action)) if value is not None]
     if filters.since is not None:
-        conditions.append(AccessLogRecord.at >= filters.since)
+        conditions.append(AccessLogRecord.at >= instant(filters.since))
     if filters.until is not None:
-        conditions.append(AccessLogRecord.at < filters.until)
+        conditions.append(AccessLogRecord.at < instant(filters.until))
     if before_id is not None:
         conditions.append(AccessLogRecord.id < before_id)
     rows = list(session.scalars(select(AccessLogRecord).where(*conditions).order_by(AccessLogRecord.id.desc())

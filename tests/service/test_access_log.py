@@ -5,7 +5,7 @@ and admins through GET /v1/access-log. Run on SQLite and on Postgres."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -140,6 +140,13 @@ def test_since_is_inclusive_and_until_exclusive(reads):
     assert page(reads, since=at(1), until=at(3)) == ([3, 2], None)
     assert page(reads, since=at(1) + timedelta(seconds=1), until=at(3) - timedelta(seconds=1)) == ([3], None)
     assert page(reads, since=at(4)) == ([], None) and page(reads, until=at(0)) == ([], None)
+
+
+@pytest.mark.parametrize("offset", [timedelta(hours=2), timedelta(hours=-5, minutes=-30), timedelta(hours=14)])
+def test_time_bounds_are_instants_in_any_offset(reads, offset):
+    """Before: SQLite compared the stored UTC text with the bound's own wall time (+02:00 read as UTC)."""
+    zone = timezone(offset)
+    assert page(reads, since=at(1).astimezone(zone), until=at(3).astimezone(zone)) == ([3, 2], None)
 
 
 def test_pages_continue_before_the_last_id_and_the_last_page_has_no_cursor(reads):

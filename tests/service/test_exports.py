@@ -348,7 +348,9 @@ def test_a_row_that_cannot_be_exported_is_a_marker_line_and_is_counted(api, monk
     newest = listed(api)
     bad = newest[1]["id"]
     if not corrupt(api, bad, stored):
-        pytest.skip("this database refuses to store it")
+        # Postgres' json type refuses NaN and malformed text: no such row can exist there to export
+        assert api.factory.kw["bind"].dialect.name == "postgresql" and stored != UNEXPORTABLE["lone-surrogate"]
+        return
     response = api.get("/v1/verdicts/export", params={"format": fmt}, headers=auth(api, Role.AUDITOR))
     assert response.status_code == 200
     if fmt == "jsonl":
