@@ -18,7 +18,7 @@ from urllib.parse import SplitResult, urlsplit
 
 from edge.addresses import IPAddress, refusal
 from edge.file_roots import OutsideRootsError, file_uri_path, inside
-from edge.redact import redact
+from edge.redact import redact, redact_uri
 
 HF_URI = re.compile(r"^hf://(?P<repo>[\w.-]+/[\w.-]+)@(?P<rev>[0-9a-f]{40})(?:/(?P<path>.+))?$")
 UNSAFE_TEXT = re.compile(r"[\x00-\x20\x7f-\x9f\s]|%00")
@@ -105,9 +105,9 @@ class UriPolicy:
         host = normal_host(parts.hostname or "")
         origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}".lower()
         if parts.scheme != "https" and origin not in allowed_origins:
-            raise UriRefusedError(f"refusing {parts.scheme!r} URL {redact(url)} (only https)")
+            raise UriRefusedError(f"refusing {parts.scheme!r} URL {redact_uri(url)} (only https)")
         if not host:
-            raise UriRefusedError(f"{redact(url)} names no host")
+            raise UriRefusedError(f"{redact_uri(url)} names no host")
         if host in METADATA_HOSTS:
             raise UriRefusedError(f"host {host!r} is a cloud metadata service")
         if self.allowed_hosts is not None and host not in {normal_host(h) for h in self.allowed_hosts}:
