@@ -116,6 +116,12 @@ BLOCKER_CODES: dict[str, str] = {
     "artifact.sha256_mismatch": "the artifact's sha256 differs from the expected digest",
     "artifact.unreadable": "the artifact could not be fetched or opened",
     "artifact.fetch_failed": "the URI could not be fetched (unreachable, refused, too large or bad redirect)",
+    # --- a gguf-split artifact (model-0000k-of-0000n.gguf shards read as one model) ---
+    "artifact.split_missing_shard": "a shard of a gguf-split artifact is absent: fewer files than its split.count",
+    "artifact.split_foreign_shard": "a file is not a shard of this split: its split.count, total or metadata differ",
+    "artifact.split_index_mismatch": "a shard's split.no disagrees with its position or its -0000k-of-0000n file name",
+    "artifact.split_duplicate_tensor": "a tensor name appears in two shards of a gguf-split artifact",
+    "artifact.split_tensor_count_mismatch": "the shards' tensors together are not the split.tensors.count they declare",
     # --- the importance matrix (--imatrix / imatrix_uri) ---
     "imatrix.malformed": "the importance matrix is not a well-formed llama.cpp imatrix (GGUF or legacy .dat)",
     "imatrix.entry_mismatch": "an imatrix entry's length does not fit its tensor: llama-quantize cannot have used it",
