@@ -256,22 +256,25 @@ async def drive(deployed: Deployment, files: Path, seconds: float, refuse, real_
         return tally, await fault_task
 
 
-def drain(deployed: Deployment, ids: list[str], timeout: float) -> dict[str, dict]:
-    """Every submitted verification's final state, once none is queued or running (or the timeout)."""
+def drain(deployed: Deployment, ids: list[str], stall_seconds: float) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every submitted verification's final state, polled until all have ended or none has ended for
+    `stall_seconds` (a queue still draining at the worker pool's pace is not a stuck one); with the
+    states of those that never ended."""
     headers = {"Authorization": f"Bearer {deployed.tokens['auditor']}"}
-    deadline = time.monotonic() + timeout
     final: dict[str, dict] = {}
+    last: dict[str, str] = {}
+    progressed = time.monotonic()
     with httpx.Client(base_url=deployed.api_url, headers=headers, timeout=30) as client:
-        while time.monotonic() < deadline:
+        while len(final) < len(ids) and time.monotonic() - progressed < stall_seconds:
             for verification_id in ids:
                 if verification_id not in final:
                     row = client.get(f"/v1/verifications/{verification_id}").json()
+                    last[verification_id] = row["state"]
                     if row["state"] in TERMINAL:
                         final[verification_id] = row
-            if len(final) == len(ids):
-                break
+                        progressed = time.monotonic()
             time.sleep(1)
-    return final
+    return final, {v: state for v, state in last.items() if v not in final}
 
 
 def verdict_counts(database_url: str, ids: list[str]) -> Counter[str]:
@@ -314,7 +317,7 @@ def check(tally: Tally, final: dict[str, dict], counts: Counter[str], faults_don
     if errors := tally.server_errors():
         problems.append(f"undeclared 5xx: {errors}")
     if missing := [v for v in tally.submitted if v not in final]:
-        problems.append(f"{len(missing)} verifications never ended, e.g. {missing[:3]}")
+        problems.append(f"{len(missing)} verifications stopped moving before they ended, e.g. {missing[:3]}")
     for verification_id, row in final.items():
         verdicts = counts.get(verification_id, 0)
         if row["state"] == "completed" and verdicts != 1:
@@ -330,7 +333,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--drain-minutes", type=float, default=5.0)
+    parser.add_argument("--stall-minutes", type=float, default=3.0,
+                        help="after the load: give up when no verification has ended for this long")
     parser.add_argument("--source", type=Path, help="a model directory (with --artifact: real gate-1 runs)")
     parser.add_argument("--artifact", type=Path, help="a GGUF converted from --source")
     args = parser.parse_args()
@@ -342,7 +346,8 @@ def main() -> int:
         deployed = stack.enter_context(deployment(database_url, files, logs))
         started = time.monotonic()
         tally, faults_done = asyncio.run(drive(deployed, files, args.minutes * 60, refuse, real_sha))
-        final = drain(deployed, tally.submitted, args.drain_minutes * 60)
+        drained = time.monotonic()
+        final, unfinished = drain(deployed, tally.submitted, args.stall_minutes * 60)
         counts = verdict_counts(database_url, tally.submitted)
         problems = check(tally, final, counts, faults_done)
         outcomes = Counter(f"{row['state']} {row.get('verdict') or ''}".strip() for row in final.values())
@@ -353,7 +358,9 @@ def main() -> int:
                         "p99": round(percentile(tally.health, 0.99), 4), "max": round(max(tally.health), 4)},
             "responses": {f"{who} {code}": n for (who, code), n in sorted(tally.statuses.items())},
             "transport_errors": dict(tally.transport_errors),
-            "verifications": {"submitted": len(tally.submitted), "ended": len(final), "outcomes": dict(outcomes)},
+            "verifications": {"submitted": len(tally.submitted), "ended": len(final), "outcomes": dict(outcomes),
+                              "drain_seconds": round(time.monotonic() - drained),
+                              "unfinished": dict(Counter(unfinished.values()))},
             "problems": problems}, indent=1))
         if problems:
             for name in sorted(os.listdir(logs)):

@@ -22,7 +22,7 @@ def test_a_minute_of_load_and_faults_keeps_the_service_whole(database, request):
     if database == "postgres":
         request.getfixturevalue("pg_url")  # Postgres is up (or, under CI, the test fails saying so)
     done = subprocess.run([sys.executable, str(SCRIPT), "--database", database, "--minutes", "1",
-                           "--drain-minutes", "3"], check=False, capture_output=True, text=True, timeout=600,
+                           "--stall-minutes", "2"], check=False, capture_output=True, text=True, timeout=600,
                           cwd=SCRIPT.parent)
     assert done.returncode == 0, done.stdout + done.stderr[-6000:]
     summary = json.loads(done.stdout)
