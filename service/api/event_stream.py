@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 from fastapi.responses import StreamingResponse
+from sqlalchemy import exc as db_errors
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -102,7 +103,14 @@ async def _frames(factory: sessionmaker[Session], verification_id: str, after: i
                   token_sha256: str) -> AsyncIterator[bytes]:
     quiet = 0.0
     while True:
-        state, frames = await run_in_threadpool(_read, factory, verification_id, after, token_sha256)
+        try:
+            state, frames = await run_in_threadpool(_read, factory, verification_id, after, token_sha256)
+        except (db_errors.OperationalError, db_errors.TimeoutError):
+            # the database refuses for a while (a restart, a failover, an exhausted pool): the stream
+            # waits for it, saying so, rather than ending mid-response
+            yield b": database unavailable, retrying\n\n"
+            await anyio.sleep(poll_seconds)
+            continue
         for frame in frames:
             yield frame
         if frames:

@@ -190,7 +190,7 @@ def test_streams_are_capped_per_principal_and_in_total(sqlite_live, tmp_path):
     try:
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while sum(map(len, opened.values())) < len(threads) and time.monotonic() < deadline:
             time.sleep(0.05)
         started = time.perf_counter()
@@ -228,3 +228,29 @@ def test_a_revoked_token_ends_its_streams(live, tmp_path):
         started = time.monotonic()
         assert list(parse(lines)) == []  # the stream ends: no event after the revocation
         assert time.monotonic() - started < 5
+
+
+def test_a_stream_outlives_a_database_that_refuses_for_a_while(sqlite_live, tmp_path, monkeypatch):
+    """Before: a poll that met a refusing database ended the stream mid-response (the soak run's
+    Postgres refusal broke 6 open streams). Now the poll is retried after the poll interval, with a
+    comment line, and the events follow. The refusal is injected: SQLite has no way to refuse a reader."""
+    from sqlalchemy.exc import OperationalError
+
+    from service.api import event_stream
+
+    _server, client, who = sqlite_live
+    verification_id = submitted(client, who["one"], tmp_path)
+    real_read, failures = event_stream._read, []
+
+    def flaky(*args: Any) -> Any:
+        if len(failures) < 2:
+            failures.append(1)
+            raise OperationalError("SELECT", {}, Exception("the database system is shutting down"))
+        return real_read(*args)
+
+    monkeypatch.setattr(event_stream, "_read", flaky)
+    with client.stream("GET", f"/v1/verifications/{verification_id}/events",
+                       headers=auth(who["one"]) | STREAM) as response:
+        assert response.status_code == 200
+        first = next(parse(response.iter_lines()))
+    assert first["event"] == "queued" and len(failures) == 2
