@@ -29,7 +29,9 @@ VERSION_MAX_CHARS = 64
 # Printable text on one line: no C0 or C1 control character, DEL or Unicode line break (a version is shown in
 # reports, logs and CSV exports). A lone surrogate cannot match: pydantic refuses a string that is not
 # valid Unicode before matching it against a pattern.
-PRINTABLE_LINE = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]+$"
+# The line separators are written as themselves: the chart's values schema carries this pattern, and Go's
+# regexp (helm validates the schema with it) has no \\u escape.
+PRINTABLE_LINE = "^[^\\x00-\\x1f\\x7f-\\x9f\u2028\u2029]+$"
 SliceName = Annotated[str, Field(min_length=1, max_length=64, pattern=PRINTABLE_LINE)]
 
 
