@@ -212,8 +212,9 @@ def ensure_container_tools() -> None:
 
 def test(pytest_args: list[str]) -> int:
     """Lint and type-check, build every fixture, run the whole suite."""
-    _check(VENV / "bin" / "ruff", "check", "worker", "service", "tests", "scripts", "migrations", "dev.py")
-    _check(VENV / "bin" / "mypy", "worker", "service")
+    _check(VENV / "bin" / "ruff", "check", "worker", "service", "edge", "fuzz", "tests", "scripts", "migrations",
+           "dev.py")
+    _check(VENV / "bin" / "mypy", "worker", "service", "edge")
     pg_admin = os.environ.get("CONVGATE_TEST_PG") or ensure_postgres()
     ensure_chromium()
     ensure_container_tools()
