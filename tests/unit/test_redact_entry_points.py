@@ -11,6 +11,7 @@ import pytest
 
 import edge.redact
 from service.config import Settings
+from tests.unit.test_redact_uri import Collect
 
 CALLBACK = "http://alice:PASSSECRET@127.0.0.1:9/hook?sig=SIGSECRET"
 
@@ -26,15 +27,6 @@ def fresh_process(monkeypatch) -> Iterator[None]:
 
 
 
-class Collect(logging.Handler):
-    """Keeps each record it is handed."""
-
-    def __init__(self, records: list[logging.LogRecord]) -> None:
-        super().__init__()
-        self.records = records
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 def httpx_line() -> str:
     """The line httpx logs for a request, as a handler formats it."""
