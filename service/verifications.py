@@ -19,6 +19,7 @@ from service.fetching import public_request, stored_request, uri_policy
 from service.persistence import repository
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
+from worker.blockers import safe_text
 from worker.policy import VERSION_MAX_CHARS, Policy
 
 
@@ -128,6 +129,12 @@ def cancel(session: Session, verification: Verification, by: str) -> Verificatio
     return repository.cancel(session, verification.id, by) or verification
 
 
+def _shown(version: object) -> str | None:
+    """A stored policy version as text every response can encode: rows an older release accepted may hold
+    a lone surrogate (written as its backslash escape) or a non-string."""
+    return None if version is None else safe_text(str(version))
+
+
 def to_out(session: Session, verification: Verification, *, with_blockers: bool = True) -> VerificationOut:
     blockers = None
     if with_blockers and verification.verdict_result is not None:
@@ -140,7 +147,8 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
         submitted_by=verification.submitted_by,
         source_uri=verification.source_uri, artifact_uri=verification.artifact_uri,
         artifact_sha256=verification.artifact_sha256, policy_sha256=verification.policy_sha256,
-        policy_origin=verification.policy_origin or "unrecorded", policy_version=verification.policy.get("version"),
+        policy_origin=verification.policy_origin or "unrecorded",
+        policy_version=_shown(verification.policy.get("version")),
         created_at=repository.as_utc(verification.created_at), started_at=repository.as_utc(verification.started_at),
         finished_at=repository.as_utc(verification.finished_at), progress=verification.progress,
         reason=verification.reason, reason_code=verification.reason_code,
