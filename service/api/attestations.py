@@ -4,9 +4,9 @@ and identical on every later one. Visible to whoever may read the verification."
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Request, Response, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from service.api import access_log
@@ -14,6 +14,7 @@ from service.api.deps import Principal, SessionDep, SettingsDep, require
 from service.api.endpoints import VerificationId, _visible
 from service.api.errors import ERRORS
 from service.attestations import KeyFileError, attestation_for
+from service.attestations.issue import vsa_for
 from service.auth import READ_OWN_OR_ANY
 
 DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
@@ -28,13 +29,19 @@ router = APIRouter(prefix="/v1", responses=ERRORS)
     503: {**ERRORS[400], "description": "the signing key cannot be loaded"}})
 async def read_attestation(verification_id: VerificationId, request: Request, session: SessionDep,
                            settings: SettingsDep,
-                           principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Response:
+                           principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
+                           predicate: Annotated[Literal["convgate", "vsa"], Query(
+                               description="convgate: our predicate, every digest an auditor re-checks; vsa: the "
+                                           "SLSA Verification Summary (https://slsa.dev/verification_summary/v1) "
+                                           "a policy engine reads")] = "convgate") -> Response:
     def attest() -> Response:
         verification = _visible(session, verification_id, principal)
         try:
-            envelope = attestation_for(session, settings, verification)
+            envelope = (attestation_for if predicate == "convgate" else vsa_for)(session, settings, verification)
         except KeyFileError as exc:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"attestation signing key: {exc}") from exc
+        except ValueError as exc:  # a report too old to name its policy's hash: no summary can be honest
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         if envelope is None:
             raise HTTPException(status.HTTP_409_CONFLICT,
                                 f"no verdict yet (state {verification.state}): attestations are signed verdicts")

@@ -165,3 +165,33 @@ def test_an_unloadable_signing_key_is_a_503_that_says_so(database, files, tmp_pa
         complete(client, created, files)
         response = attestation(client, created)
     assert response.status_code == 503 and "signing key" in response.json()["detail"]
+
+
+def test_the_vsa_is_served_signed_by_the_same_key_and_securesystemslib_verifies_it(api, files):
+    """issue 25 item 1: `?predicate=vsa` is the SLSA Verification Summary of the same verdict, checked here by
+    securesystemslib's own DSSE verification against the key `convgate keys show` prints."""
+    import base64
+    import copy
+
+    from securesystemslib.dsse import Envelope
+
+    from service.attestations import active_signing_key
+    from service.attestations.keys import sslib_key
+
+    created = submitted(api, files)
+    vsa = api.get(f"/v1/verifications/{created}/attestation", params={"predicate": "vsa"}, headers=headers(api))
+    assert vsa.status_code == 409  # no verdict yet
+    complete(api, created, files)
+    first = api.get(f"/v1/verifications/{created}/attestation", params={"predicate": "vsa"}, headers=headers(api))
+    again = api.get(f"/v1/verifications/{created}/attestation", params={"predicate": "vsa"},
+                    headers=headers(api, "auditor"))
+    assert first.status_code == 200 and first.content == again.content  # deterministic for one key
+    envelope = first.json()
+    key = active_signing_key(api.app.state.settings)
+    Envelope.from_dict(copy.deepcopy(envelope)).verify([sslib_key(key.public)], 1)
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["predicateType"] == "https://slsa.dev/verification_summary/v1"
+    assert statement["predicate"]["verificationResult"] == "PASSED"
+    assert statement["subject"][0]["digest"]["sha256"] == report(files)["artifact"]["sha256"]
+    assert api.get(f"/v1/verifications/{created}/attestation", params={"predicate": "other"},
+                   headers=headers(api)).status_code == 422
