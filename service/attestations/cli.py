@@ -11,11 +11,12 @@ from typing import Annotated, Any
 
 import typer
 
-from service.attestations.envelope import AttestationRefusedError, verify_envelope
+from service.attestations.envelope import AttestationRefusedError, Verified, verify_envelope
 from service.attestations.keys import KeyFileError, active_signing_key, keyid_of, load_public_key, public_pem
-from service.attestations.statement import statement_json
+from service.attestations.statement import Statement, statement_json
 from service.attestations.subjects import check_subjects
 from service.attestations.tensors import check_tensors
+from service.attestations.vsa import VsaStatement
 from service.config import Settings
 
 EXIT_VERIFIED, EXIT_REFUSED, EXIT_CANNOT_CHECK = 0, 1, 2
@@ -83,20 +84,31 @@ def attestation_verify(
         if as_json:
             sys.stdout.write(json.dumps({"verified": False, "problems": exc.reasons}) + "\n")
         raise _fail(f"refused: {exc}", EXIT_REFUSED) from exc
-    problems = check_subjects(verified.statement, subject or [])
+    statement = verified.statement
+    problems = check_subjects(statement, subject or [])
     for gguf in tensors or []:
-        problems += check_tensors(verified.statement, gguf)
-    predicate = verified.statement.predicate
+        problems += (check_tensors(statement, gguf) if isinstance(statement, Statement) else
+                     [f"{gguf}: a verification summary (SLSA VSA) names no tensors; check convgate's own attestation"])
     if as_json:
         sys.stdout.write(json.dumps({"verified": not problems, "problems": problems, "keyid": verified.keyid,
                                      "subjects_checked": len(subject or []), "ggufs_checked": len(tensors or []),
-                                     "statement": statement_json(verified.statement)}, indent=2) + "\n")
+                                     "statement": statement_json(statement)}, indent=2) + "\n")
     for problem in problems:
         sys.stderr.write(f"convgate: refused: {problem}\n")
     if problems:
         raise typer.Exit(EXIT_REFUSED)
     if not as_json:
-        tensor_count = len(predicate.tensor_data_sha256) if tensors else 0
-        sys.stdout.write(f"verified: {predicate.verdict} for verification {predicate.verification_id}, signed by "
-                         f"{verified.keyid}, {len(subject or [])} local file(s) match their subjects, "
-                         f"{tensor_count} tensor(s) match\n")
+        sys.stdout.write(_summary(verified, len(subject or []), bool(tensors)))
+
+
+def _summary(verified: Verified, subjects: int, tensors: bool) -> str:
+    statement = verified.statement
+    if isinstance(statement, VsaStatement):
+        summary = statement.predicate
+        return (f"verified: SLSA verification summary {summary.verificationResult} for {summary.resourceUri} "
+                f"(levels: {', '.join(summary.verifiedLevels) or 'none'}), signed by {verified.keyid}, "
+                f"{subjects} local file(s) match their subjects\n")
+    predicate = statement.predicate
+    tensor_count = len(predicate.tensor_data_sha256) if tensors else 0
+    return (f"verified: {predicate.verdict} for verification {predicate.verification_id}, signed by "
+            f"{verified.keyid}, {subjects} local file(s) match their subjects, {tensor_count} tensor(s) match\n")

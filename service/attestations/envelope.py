@@ -28,6 +28,7 @@ from securesystemslib.signer import Signature
 
 from service.attestations.keys import SigningKey, keyid_of, sslib_key
 from service.attestations.statement import Statement, statement_json
+from service.attestations.vsa import VSA_PREDICATE_TYPE, VsaStatement
 from worker.errors import ConvgateError
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -56,7 +57,7 @@ class _EnvelopeShape(BaseModel):
 
 @dataclass(frozen=True)
 class Verified:
-    statement: Statement
+    statement: Statement | VsaStatement  # convgate's predicate, or the SLSA Verification Summary of the verdict
     keyid: str  # the trusted key whose signature verified
 
 
@@ -116,9 +117,16 @@ def _first_errors(exc: ValidationError) -> str:
                      for error in exc.errors()[:5])
 
 
-def _statement(payload: bytes) -> Statement:
+def _statement(payload: bytes) -> Statement | VsaStatement:
+    """The signed statement in the schema its predicate type names (read only after the signature
+    verified): convgate's own, or the SLSA Verification Summary of the same verdict."""
     try:
-        return Statement.model_validate_json(payload)
+        document = json.loads(payload)
+    except ValueError:
+        document = None  # the schema's own refusal says what is wrong with it
+    vsa = isinstance(document, dict) and document.get("predicateType") == VSA_PREDICATE_TYPE
+    try:
+        return (VsaStatement if vsa else Statement).model_validate_json(payload)
     except ValidationError as exc:
         raise AttestationRefusedError(f"the statement does not fit the schema: {_first_errors(exc)}") from exc
 
@@ -128,6 +136,8 @@ def verify_envelope(data: Any, trusted: Sequence[Ed25519PublicKey]) -> Verified:
     envelope = _parse(data)
     keyid = _signed_by(envelope, trusted)
     statement = _statement(envelope.payload)
+    if isinstance(statement, VsaStatement):  # SLSA's predicate has no field for the signing key
+        return Verified(statement, keyid)
     if statement.predicate.signing_keyid != keyid:
         raise AttestationRefusedError(
             f"the statement names key {statement.predicate.signing_keyid} but was signed by {keyid}")

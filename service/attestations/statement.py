@@ -138,5 +138,6 @@ def build_statement(attested: Attested, keyid: str) -> Statement:
                                      "predicateType": PREDICATE_TYPE, "predicate": predicate})
 
 
-def statement_json(statement: Statement) -> dict[str, Any]:
+def statement_json(statement: _Strict) -> dict[str, Any]:
+    """Any statement (convgate's, or the SLSA summary) as its JSON, by its field aliases (`_type`)."""
     return statement.model_dump(mode="json", by_alias=True)

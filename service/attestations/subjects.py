@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
 from service.attestations.statement import Statement, Subject
+from service.attestations.vsa import VsaStatement
 from worker.digests import sha256_file
 
 
@@ -24,7 +25,7 @@ def _shared_tail(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     return shared
 
 
-def subject_for(statement: Statement, path: Path) -> Subject | str:
+def subject_for(statement: Statement | VsaStatement, path: Path) -> Subject | str:
     """The one subject `path` stands for, or why there is none."""
     local = path.absolute().parts
     scored = [(_shared_tail(_parts(s.name), local), s) for s in statement.subject]
@@ -37,7 +38,7 @@ def subject_for(statement: Statement, path: Path) -> Subject | str:
     return matches[0]
 
 
-def check_subjects(statement: Statement, paths: Sequence[Path]) -> list[str]:
+def check_subjects(statement: Statement | VsaStatement, paths: Sequence[Path]) -> list[str]:
     """One line per local file that is missing, unnamed or differs from its subject; empty when all match."""
     problems = []
     for path in paths:

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from service.attestations.statement import NOT_RECORDED, Attested, Digest, Subject, _Strict
+from service.attestations.statement import NOT_RECORDED, Attested, Digest, Subject, _Strict, statement_json
 
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 VERIFIER_ID = "https://convgate.dev/verifier/v1"
@@ -89,5 +89,4 @@ def build_vsa(attested: Attested) -> VsaStatement:
 
 def vsa_payload(statement: VsaStatement) -> bytes:
     """Sorted keys, no whitespace, like convgate's own statement: one statement, one payload to sign."""
-    return json.dumps(statement.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False).encode()
+    return json.dumps(statement_json(statement), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

@@ -74,3 +74,31 @@ def test_securesystemslib_verifies_the_signed_vsa_and_refuses_a_changed_one(tmp_
         parsed(forged).verify(trusted, 1)
     with pytest.raises(VerificationError):
         parsed(envelope).verify([sslib_key(SigningKey.generate().public)], 1)
+
+
+def test_convgate_attestation_verify_checks_a_vsa_and_its_subject(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.attestations import public_pem
+    from service.cli import app
+
+    key = SigningKey.generate()
+    given = attested(tmp_path)
+    envelope_file, key_file = tmp_path / "vsa.json", tmp_path / "pub.pem"
+    envelope_file.write_text(json.dumps(sign_payload(vsa_payload(build_vsa(given)), key)))
+    key_file.write_text(public_pem(key.public))
+    artifact = tmp_path / "model-Q8_0.gguf"
+    run = CliRunner().invoke(app, ["attestation", "verify", str(envelope_file), "--key", str(key_file),
+                                   "--subject", str(artifact)])
+    assert run.exit_code == 0, run.output
+    assert "SLSA verification summary PASSED" in run.stdout and "1 local file(s) match" in run.stdout
+    refused = CliRunner().invoke(app, ["attestation", "verify", str(envelope_file), "--key", str(key_file),
+                                       "--tensors", str(artifact)])
+    assert refused.exit_code == 1 and "names no tensors" in refused.stderr
+    artifact.write_bytes(artifact.read_bytes() + b"\0")
+    changed = CliRunner().invoke(app, ["attestation", "verify", str(envelope_file), "--key", str(key_file),
+                                       "--subject", str(artifact)])
+    assert changed.exit_code == 1
+    other = tmp_path / "other.pem"
+    other.write_text(public_pem(SigningKey.generate().public))
+    assert CliRunner().invoke(app, ["attestation", "verify", str(envelope_file), "--key", str(other)]).exit_code == 1
