@@ -2,7 +2,8 @@
 Lines or CSV, streamed in constant memory: rows are read one keyset page at a time
 (`service.persistence.exports`) and each page is written before the next is read, so the server
 holds one page, whatever the export's size. With `attestation=true` each row carries its signed DSSE
-envelope, so a recipient can check every verdict without trusting this database.
+envelope and its SLSA verification summary, so a recipient can check every verdict without trusting this
+database.
 
 A stored row that cannot be exported (unreadable JSON, a NaN, text that is not Unicode: what input
 validation now refuses, but an older row may hold) never ends the stream: it becomes a marker line
@@ -29,11 +30,13 @@ from service.api import access_log
 from service.api.deps import Principal, SessionDep, SettingsDep, require
 from service.api.errors import ERRORS
 from service.attestations import KeyFileError, active_signing_key, attestation_for
+from service.attestations.issue import vsa_for
 from service.auth import OWN_ONLY, READ_OWN_OR_ANY
 from service.config import Settings
 from service.lifecycle import State
 from service.persistence import exports as export_queries
 from service.persistence.db import transaction
+from service.persistence.models import Verification
 from service.persistence.repository import ListFilters, as_utc, get_verification
 from service.schemas import PRINTABLE, SHA256, Moment
 
@@ -173,18 +176,27 @@ def _attested(session: Session, settings: Settings, record: dict[str, Any]) -> d
     try:
         verification = get_verification(session, record["id"])
         envelope = attestation_for(session, settings, verification) if verification else None
+        summary = _vsa(session, settings, verification) if verification else None
     except export_queries.UNREADABLE:
         session.rollback()
         return marker(record["id"])
     finally:
         session.expunge_all()  # one row's objects at a time
-    return record | {"attestation": envelope}
+    return record | {"attestation": envelope, "vsa": summary}
+
+
+def _vsa(session: Session, settings: Settings, verification: Verification) -> dict[str, Any] | None:
+    """The row's SLSA verification summary; None for a report too old to name its policy's hash."""
+    try:
+        return vsa_for(session, settings, verification)
+    except ValueError:
+        return None
 
 
 def verdict_chunks(factory: sessionmaker[Session], settings: Settings, filters: ListFilters, fmt: Format, *,
                    with_attestation: bool) -> Iterator[bytes]:
     """The export, one encoded page per chunk, each page read only when the previous one was written."""
-    fields = (*FIELDS, "attestation") if with_attestation else FIELDS
+    fields = (*FIELDS, "attestation", "vsa") if with_attestation else FIELDS
     if fmt == "csv":
         yield csv_lines([dict(zip(fields, fields, strict=True))], fields)
     limit = min(BATCH_ROWS, ATTESTED_BATCH_ROWS) if with_attestation else BATCH_ROWS
@@ -215,7 +227,8 @@ def export_verdicts(
     principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
     filters: Annotated[ListFilters, Depends(export_filters)],
     format: Format | None = None,
-    attestation: Annotated[bool, Query(description="add each verdict's signed DSSE envelope")] = False,
+    attestation: Annotated[bool, Query(description="add each verdict's signed DSSE envelope (`attestation`) and its "
+                                                   "signed SLSA verification summary (`vsa`)")] = False,
 ) -> StreamingResponse:
     """Streamed: the status and headers go out before the first row is read. Submitters export only
     their own verdicts; the export is one entry in the access log."""

@@ -35,7 +35,7 @@ def report(verdict: str, sha: str, blockers: tuple[str, ...] = ()) -> dict[str, 
     return {"verdict": verdict, "blockers": [{"code": code, "gate": "storage", "why": f"<b>{code}</b> failed",
                                               "tensor": "t", "text": None} for code in blockers],
             "gates": {"storage": {"name": "storage", "status": "passed", "seconds": 1.0, "details": {}}},
-            "policy": {"values": {"version": "2026.11-2", "tie_ulps": 4}, "sha256": "p" * 64},
+            "policy": {"values": {"version": "2026.11-2", "tie_ulps": 4}, "sha256": "a" * 64},
             "artifact": {"uri": "file:///models/m.gguf", "sha256": sha, "size": 1},
             "files": [{"uri": "file:///models/m.gguf", "sha256": sha, "size": 1}],
             "not_verified": ["retrieval quality"], "environment": {}, "timings": {}}
@@ -230,13 +230,16 @@ def test_attestation_on_request(api):
         assert row["attestation"] is not None and row["attestation"] == expected
         verified = verify_envelope(row["attestation"], trusted).statement.predicate
         assert (verified.verification_id, verified.verdict) == (row["id"], row["verdict"])
+        summary = verify_envelope(row["vsa"], trusted).statement.predicate  # the SLSA summary, same key
+        assert summary.verificationResult == ("PASSED" if row["verdict"] == "GO" else "FAILED")
     as_csv = api.get("/v1/verdicts/export", params={"format": "csv", "attestation": "true"},
                      headers=auth(api, Role.AUDITOR)).text
     header, *lines = csv.reader(io.StringIO(as_csv, newline=""))
-    assert header == [*exports.FIELDS, "attestation"]
+    assert header == [*exports.FIELDS, "attestation", "vsa"]
     for line, row in zip(lines, with_envelopes, strict=True):
         record = dict(zip(header, line, strict=True))
         assert record["attestation"] == json.dumps(row["attestation"], separators=(",", ":"), sort_keys=True)
+        assert record["vsa"] == json.dumps(row["vsa"], separators=(",", ":"), sort_keys=True)
         assert record["reused_from"] == "" and row["reused_from"] is None
 
 
