@@ -7,7 +7,6 @@ honest splits (what real releases come from), and one plain `GGUFWriter` per sha
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
 from collections.abc import Mapping, Sequence
@@ -301,7 +300,6 @@ def load_with_llama_cpp(first: Path) -> Any:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
 def test_llama_cpp_loads_an_honest_split_given_its_first_shard(tmp_path: Path, tiny_llama: Path) -> None:
     original = gguf.GGUFReader(tiny_llama / "tiny-llama-Q8_0.gguf")
     shards = resplit(tiny_llama / "tiny-llama-Q8_0.gguf", tmp_path / "tiny-llama-Q8_0.gguf", 3)
