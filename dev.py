@@ -231,13 +231,16 @@ def test(pytest_args: list[str]) -> int:
     return _run_halves(env, builds_beside=(kube, images))
 
 
-# The tests that mostly wait (on a kubelet, containerd, Kueue, image imports), the mutation twins and two
-# long integration files run as one pytest beside another running the rest: on two cores the halves overlap
-# and the suite takes about as long as its larger half; the split keeps them near equal, measured from
-# each half's JUnit XML (docs/development.md#the-suite).
-BESIDE = ("tests/cluster", "tests/deploy", "tests/mutation", "tests/integration/test_trained_models.py",
-          "tests/integration/test_benchmark_scripts.py", "tests/integration/test_architectures_decoders.py",
-          "tests/service/test_soak.py")
+# Where each test file runs. The main half builds the fixtures, then runs everything not named below; the
+# beside half runs the cluster's binary and image builds, then the tests that need them. The files in SHARED
+# (long, self-contained, measured from each run's JUnit XML, longest first) go one pytest each to whichever
+# half is free first: on a warm machine that keeps the halves near equal, on a cold one the main half takes
+# them while the builds still run, instead of both waiting on the builds (docs/development.md#the-suite).
+NEEDS_BUILDS = ("tests/cluster", "tests/deploy")
+SHARED = ("tests/integration/test_trained_models.py", "tests/mutation", "tests/service/test_soak.py",
+          "tests/integration/test_pretokenizer_sweep.py", "tests/integration/test_architectures_decoders.py",
+          "tests/integration/test_config_generations.py", "tests/integration/test_architectures_encoders.py",
+          "tests/integration/test_benchmark_scripts.py")
 
 
 def _relayed(name: str, command: tuple[str | Path, ...], env: dict[str, str]) -> int:
@@ -252,11 +255,10 @@ def _relayed(name: str, command: tuple[str | Path, ...], env: dict[str, str]) ->
 
 
 def _run_halves(env: dict[str, str], builds_beside: tuple[tuple[str | Path, ...], ...]) -> int:
-    """Two pytest processes side by side. On a cold machine the cluster's binaries and the images build
+    """Two lanes of pytest side by side. On a cold machine the cluster's binaries and the images build
     (mostly downloads, layer writes and single-threaded installs) while the fixtures build and the main half
-    runs, and the beside half, which needs them, starts when they are done: a cold run overlaps ~35 minutes
-    of builds with tests instead of paying them first. On a warm machine every build is a cache hit."""
-    reports = CACHE / "last-run"  # each half's JUnit XML: every test's duration, for whoever makes the suite faster
+    runs; the shared files fill whichever lane is idle. On a warm machine every build is a cache hit."""
+    reports = CACHE / "last-run"  # each pytest's JUnit XML: every test's duration, for whoever makes the suite faster
     reports.mkdir(parents=True, exist_ok=True)
     common = (PYTHON, "-m", "pytest", "--durations=20")
     # one thread each for torch, OpenMP and llama.cpp (worker/resources.py): two halves each running 2-thread
@@ -265,14 +267,26 @@ def _run_halves(env: dict[str, str], builds_beside: tuple[tuple[str | Path, ...]
     fixtures = (PYTHON, ROOT / "scripts" / "build_fixtures.py", "--out", FIXTURES)
     _link_fixtures()
     fixtures_built = threading.Event()
+    shared = list(SHARED)
+    taking = threading.Lock()
     codes: dict[str, int] = {}
+
+    def run_shared(lane: str) -> None:
+        while True:
+            with taking:
+                if not shared:
+                    return
+                path = shared.pop(0)
+            report = reports / (Path(path).stem + ".xml")
+            codes[path] = _relayed(lane, (*common, f"--junitxml={report}", path), env)
 
     def main_half() -> None:
         codes["fixtures"] = _relayed("fixtures", fixtures, env)
         fixtures_built.set()
         if codes["fixtures"] == 0:
-            codes["main"] = _relayed("main", (*common, f"--junitxml={reports / 'main.xml'}",
-                                              *(f"--ignore={folder}" for folder in BESIDE)), env)
+            ignored = (f"--ignore={folder}" for folder in (*NEEDS_BUILDS, *SHARED))
+            codes["main"] = _relayed("main", (*common, f"--junitxml={reports / 'main.xml'}", *ignored), env)
+            run_shared("main")
 
     def beside_half() -> None:
         for number, build in enumerate(builds_beside):
@@ -281,7 +295,9 @@ def _run_halves(env: dict[str, str], builds_beside: tuple[tuple[str | Path, ...]
                 return
         fixtures_built.wait()
         if codes.get("fixtures") == 0:
-            codes["beside"] = _relayed("beside", (*common, f"--junitxml={reports / 'beside.xml'}", *BESIDE), env)
+            codes["beside"] = _relayed("beside", (*common, f"--junitxml={reports / 'beside.xml'}", *NEEDS_BUILDS),
+                                       env)
+            run_shared("beside")
 
     threads = [threading.Thread(target=main_half), threading.Thread(target=beside_half)]
     for thread in threads:
@@ -289,7 +305,7 @@ def _run_halves(env: dict[str, str], builds_beside: tuple[tuple[str | Path, ...]
     for thread in threads:
         thread.join()
     print(f"dev.py: exit codes {codes}")
-    if set(codes) != {"fixtures", "main", "beside"}:  # a build failed: a half never ran
+    if not {"fixtures", "main", "beside", *SHARED} <= set(codes):  # a build failed: some tests never ran
         return next((code for code in codes.values() if code), 1)
     return max(codes.values(), key=abs)
 
