@@ -4,6 +4,8 @@ differs from the expected one is deleted and never used."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,6 +17,8 @@ from edge.hub import Hub, fetch_hf_file, fetch_hf_snapshot
 from edge.redact import redact_uri
 from edge.store import ContentStore
 from edge.uri_policy import HF_URI, UriRefusedError
+from worker.formats.artifact_files import sibling_uri
+from worker.formats.gguf_split import shard_name
 
 
 def _mismatch(actual: str, expected: str) -> FetchError:
@@ -78,3 +82,37 @@ def fetch_source(uri: str, store: ContentStore, policy: FetchPolicy) -> Path:
     if match is None or match["path"]:
         raise FetchError("artifact.fetch_failed", "a source URI is a directory or hf://owner/repo@<40-hex commit>")
     return fetch_hf_snapshot(Hub(match["repo"], match["rev"], policy), store)
+
+
+def fetch_split_artifact(uri: str, shard_sha256: tuple[str, ...], store: ContentStore, policy: FetchPolicy,
+                         progress: Callable[[int, int], None] = lambda done, total: None) -> Path:
+    """A gguf-split named by its first shard's URI: the local path of the first shard with every sibling beside
+    it under its published name, as llama.cpp opens them.
+
+    The siblings' URIs are the first's with the shard's file name (`-0000k-of-0000n.gguf`). Fetched shards are
+    fetched by their own digests; `file://` shards are each checked against the roots like any file (their
+    digests are checked by the engine). Either way the shards are reached through a folder of links keyed by
+    the URI and every digest, so a shard stored under another name (the content store, a hub cache's blobs) is
+    still found where llama.cpp looks. A shard that cannot be had leaves its link dangling: the engine names it
+    a missing shard."""
+    name = shard_name(Path(urlsplit(uri).path))
+    count = len(shard_sha256)
+    if name is None or name.number != 1 or name.count != count:
+        raise FetchError("artifact.split_index_mismatch",
+                         f"{redact_uri(uri)} does not name the first of {count} shards (-00001-of-{count:05d}.gguf)")
+    names = [name.sibling(number) for number in range(1, count + 1)]
+    uris = [sibling_uri(uri, shard) for shard in names]
+    if _scheme(uri) in ("", "file"):
+        paths = [local_file(shard_uri, policy, must_exist=False) for shard_uri in uris]
+    else:
+        paths = [fetch_artifact(shard_uri, sha, store, policy, progress)
+                 for shard_uri, sha in zip(uris, shard_sha256, strict=True)]
+    key = hashlib.sha256("\n".join((uri, *shard_sha256)).lower().encode()).hexdigest()
+    folder = store.root / "splits" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    for shard, path in zip(names, paths, strict=True):
+        temp = folder / f".{shard}.{os.getpid()}"
+        temp.unlink(missing_ok=True)
+        temp.symlink_to(path)
+        os.replace(temp, folder / shard)  # atomic: a run reading the folder never sees a link missing
+    return folder / names[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edge.download import FetchPolicy
 from edge.errors import FetchError
-from edge.fetch import fetch_artifact, fetch_source, local_file
+from edge.fetch import fetch_artifact, fetch_source, fetch_split_artifact, local_file
 from edge.redact import redact_uri
 from edge.store import ContentStore
 from worker.blockers import Blocker
@@ -46,6 +46,17 @@ def _imatrix(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch
     return fetch_artifact(uris.imatrix, request.imatrix_sha256, store, fetch)
 
 
+def _artifact(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch: FetchPolicy,
+              progress: Progress) -> Path:
+    """The artifact's local path: one file, or a split's first shard with its siblings beside it."""
+    def downloaded(done: int, total: int) -> None:
+        progress("download", done, total)
+
+    if len(request.shard_sha256) > 1:
+        return fetch_split_artifact(uris.artifact, request.shard_sha256, store, fetch, downloaded)
+    return fetch_artifact(uris.artifact, request.expected_sha256, store, fetch, downloaded)
+
+
 def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,
                  store: ContentStore, progress: Progress = no_progress) -> LocalInputs | Report:
     """Every input fetched by digest into the store, or the NO-GO report of the one that could not be."""
@@ -54,8 +65,7 @@ def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch:
     except FetchError as exc:
         raise SourceUnavailableError(exc.why) from exc
     try:
-        artifact = fetch_artifact(uris.artifact, request.expected_sha256, store, fetch,
-                                  lambda done, total: progress("download", done, total))
+        artifact = _artifact(uris, request, store, fetch, progress)
         release = _release_files(uris, fetch)
     except FetchError as exc:
         return unfetched(request, policy, Blocker(code=exc.code, gate="input", why=exc.why))

@@ -99,6 +99,7 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
         text_sets={name: tuple(members) for name, members in stored["text_sets"].items()}
         if stored.get("text_sets") else None,
         imatrix_sha256=stored.get("imatrix_sha256"),
+        shard_sha256=tuple(stored.get("artifact_shard_sha256") or ()),
     )
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from worker.formats.gguf_split import shard_name
 from worker.policy import Policy
 
 SHA256 = r"^[0-9a-f]{64}$"
@@ -16,6 +19,7 @@ ALL_GATES: tuple[GateNumber, ...] = (1, 2, 3)
 # Input limits: a request body is at most Settings.max_body_bytes (1 MiB by default, else 413);
 # inside it, gate 2's texts are bounded in count, length and total size (else 422).
 MAX_TEXTS = 1000
+MAX_SUBMITTED_SHARDS = 1024  # a 70B F16 in 5 GB shards is ~30; a split is at most 65535 (split.count is a u16)
 MAX_TEXT_CHARS = 8192
 MAX_TEXTS_BYTES = 512 * 1024
 # No control characters (NUL cannot be stored in Postgres text, and none belongs in a URI or a name).
@@ -60,7 +64,12 @@ class SubmitRequest(BaseModel):
 
     source_uri: UriText = Field(description="model directory: file://, or hf://owner/repo@<40-hex commit>")
     artifact_uri: UriText = Field(description="the GGUF: file://, https:// or hf://owner/repo@<commit>/path")
-    artifact_sha256: Sha256Text = Field(description="expected sha256 of the artifact")
+    artifact_sha256: Sha256Text = Field(description="expected sha256 of the artifact (a split's first shard)")
+    artifact_shard_sha256: list[Sha256Text] | None = Field(
+        None, min_length=2, max_length=MAX_SUBMITTED_SHARDS,
+        description="a gguf-split artifact: every shard's expected sha256 in order, the first's (artifact_sha256) "
+        "included. artifact_uri names the first shard (...-00001-of-0000n.gguf); the others are fetched from "
+        "beside it under their published names")
     kind: Literal["auto", "embedding", "causal-lm"] = "auto"
     policy: Annotated[str, Field(max_length=63, pattern=PRINTABLE)] | Policy = Field(
         "default", description="a policy name configured by the operator, or an inline policy (role policy-author; "
@@ -90,6 +99,24 @@ class SubmitRequest(BaseModel):
     def _imatrix_with_digest(self) -> SubmitRequest:
         if (self.imatrix_uri is None) != (self.imatrix_sha256 is None):
             raise ValueError("imatrix_uri and imatrix_sha256 go together")
+        return self
+
+    @model_validator(mode="after")
+    def _split_pinned_whole(self) -> SubmitRequest:
+        """A split is submitted by its first shard's URI and every shard's digest: a shard nobody pinned is
+        never fetched, and a URI that names shard 2 of 3 is not where llama.cpp starts."""
+        name = shard_name(PurePosixPath(urlsplit(self.artifact_uri).path))
+        shards = self.artifact_shard_sha256
+        if shards is None:
+            if name is not None and name.count > 1:
+                raise ValueError(f"artifact_uri names shard {name.number} of a {name.count}-shard split: submit the "
+                                 "first shard's URI with every shard's sha256 in artifact_shard_sha256")
+            return self
+        if name is None or name.number != 1 or name.count != len(shards):
+            raise ValueError(f"with {len(shards)} shard digests, artifact_uri names the first shard: "
+                             f"...-00001-of-{len(shards):05d}.gguf")
+        if shards[0].lower() != self.artifact_sha256.lower():
+            raise ValueError("artifact_shard_sha256 starts with the first shard's sha256, artifact_sha256")
         return self
 
     @model_validator(mode="after")

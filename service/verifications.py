@@ -20,6 +20,7 @@ from service.persistence import repository
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
 from worker.blockers import safe_text
+from worker.formats.artifact_files import artifact_paths, split_shard_uris
 from worker.policy import VERSION_MAX_CHARS, Policy
 
 
@@ -66,9 +67,9 @@ def gate1_shards(settings: Settings, body: SubmitRequest) -> int:
     if settings.dispatcher == "local" or kube.max_gate1_shards == 1 or 1 not in body.gates:
         return 1
     size = body.artifact_size
-    if size is None and body.artifact_uri.startswith("file://"):
-        path = file_uri_path(body.artifact_uri)
-        size = path.stat().st_size if path.is_file() else None
+    if size is None and body.artifact_uri.startswith("file://"):  # a split's every shard, beside its first
+        paths = artifact_paths(file_uri_path(body.artifact_uri))
+        size = sum(path.stat().st_size for path in paths) if all(path.is_file() for path in paths) else None
     return 1 if size is None else max(1, min(kube.max_gate1_shards, math.ceil(size / kube.gate1_shard_bytes)))
 
 
@@ -82,6 +83,8 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
     try:
         checker.check(body.source_uri, directory=True)
         checker.check(body.artifact_uri)
+        for shard in split_shard_uris(body.artifact_uri, len(body.artifact_shard_sha256 or ())):
+            checker.check(shard)
         if body.imatrix_uri is not None:
             checker.check(body.imatrix_uri)
         for uri in body.release_files:
@@ -96,6 +99,7 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
         raise SubmissionError(str(exc)) from exc
     unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
     unset |= {"artifact_size"} if body.artifact_size is None else set()
+    unset |= {"artifact_shard_sha256"} if body.artifact_shard_sha256 is None else set()
     request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={
         "policy", "fresh", "callback_url", *unset}))  # fresh: how to answer, not what was asked
     if body.callback_url is not None:

@@ -156,8 +156,11 @@ def _check_thread_setting() -> None:
 @exits_3_on_internal_error
 def verify_command(
     source: Annotated[str, typer.Option(help="Hugging Face model directory (path or file:// URI)")],
-    artifact: Annotated[str, typer.Option(help="converted GGUF (path or file:// URI)")],
+    artifact: Annotated[str, typer.Option(
+        help="converted GGUF (path or file:// URI); a gguf-split by its first shard, the others beside it")],
     sha256: Annotated[str | None, typer.Option(help="expected sha256 of the artifact")] = None,
+    shard_sha256: Annotated[list[str] | None, typer.Option(
+        help="a split's expected sha256 per shard, in order from the first; repeatable")] = None,
     policy: Annotated[Path | None, typer.Option(help="policy JSON file (default policy otherwise)")] = None,
     texts: Annotated[Path | None, typer.Option(help="UTF-8 text file, one text per line")] = None,
     text_set: Annotated[list[str] | None, typer.Option(
@@ -182,7 +185,8 @@ def verify_command(
                          release_files=tuple(path.resolve().as_uri() for path in release or ()),
                          imatrix=_check_local(imatrix, "imatrix") if imatrix is not None else None)
         request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts),
-                                text_sets=_read_text_sets(text_set), kind=kind, imatrix_sha256=imatrix_sha256)
+                                text_sets=_read_text_sets(text_set), kind=kind, imatrix_sha256=imatrix_sha256,
+                                shard_sha256=tuple(shard_sha256 or ()))
         chosen_policy = load_policy(policy)
         store = ContentStore(cache_dir or default_cache())
         install_log_redaction()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from worker.blockers import Blocker
 from worker.controls import ControlInputs, run_controls, undetected
 from worker.digests import digest_file, digest_tree, sha256_file
 from worker.errors import ConvgateError
+from worker.formats.artifact_files import artifact_paths, sibling_uri
 from worker.gates.release import run_release_gate
 from worker.gates.runtime import RuntimeMeasurements, model_kind, run_runtime_gate
 from worker.gates.storage import open_source_or_blocker, run_storage_part, validate_structure
@@ -59,6 +60,9 @@ class VerifyRequest:
     text_sets: Mapping[str, tuple[str, ...]] | None = None  # named sets: one slice each (a language, a domain)
     kind: str = "auto"
     imatrix_sha256: str | None = None
+    # a gguf-split artifact: every shard's expected sha256 in order, the first shard's included; when given,
+    # each must match (expected_sha256, if also given, is the first's)
+    shard_sha256: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +111,8 @@ class _Run:
         self.imatrix: FileDigest | None = None
         self.controls: list[Control] = []
 
-    def stop_all(self, blocker: Blocker, why: str) -> None:
-        self.blockers.append(blocker)
+    def stop_all(self, blocker: Blocker | tuple[Blocker, ...], why: str) -> None:
+        self.blockers.extend(blocker if isinstance(blocker, tuple) else (blocker,))
         for gate in sorted(self.request.gates):
             self.gates[GATE_NAMES[gate]] = GateResult(name=GATE_NAMES[gate], status="not_run", details={"why": why})
 
@@ -181,6 +185,46 @@ def _storage_notes(storage: GateResult) -> list[str]:
     return notes + list(storage.details.get("metadata_not_verified", []))
 
 
+def _shifted(progress: Progress, before: int, total: int) -> Callable[[int, int], None]:
+    """One file's hashing progress as progress through all of the artifact's files."""
+    return lambda done, _size: progress("sha256", before + done, total)
+
+
+def _digest_shards(artifact: Path, artifact_uri: str, progress: Progress) -> dict[int, FileDigest]:
+    """The digest of every file of the artifact by its place: one, or each shard of a split that exists (a
+    missing one is named by gate 1's split check), each named by the artifact's URI with its file name."""
+    paths = artifact_paths(artifact)
+    present = {position: path for position, path in enumerate(paths) if path == artifact or path.is_file()}
+    total = sum(path.stat().st_size for path in present.values())
+    digests: dict[int, FileDigest] = {}
+    before = 0
+    for position, path in present.items():
+        uri = artifact_uri if path == artifact else sibling_uri(artifact_uri, path.name)
+        sha = sha256_file(path, _shifted(progress, before, total))
+        digests[position] = FileDigest(uri=uri, sha256=sha, size=path.stat().st_size)
+        before += digests[position].size
+    return digests
+
+
+def _digest_mismatches(request: VerifyRequest, files: int, shards: dict[int, FileDigest]) -> tuple[Blocker, ...]:
+    """Every pinned digest a file does not have, each named. A split pinned by another number of digests than
+    its name has shards is refused whole: which digest pins which file would be a guess."""
+    pinned = request.shard_sha256 or ((request.expected_sha256,) if request.expected_sha256 else ())
+    if request.shard_sha256 and request.expected_sha256 and request.expected_sha256.lower() != pinned[0].lower():
+        return (Blocker(code="artifact.sha256_mismatch", gate="input",
+                        why="the artifact's sha256 and its first shard's pinned sha256 differ; nothing is used"),)
+    if request.shard_sha256 and len(pinned) != files:
+        return (Blocker(code="artifact.sha256_mismatch", gate="input",
+                        why=f"{len(pinned)} shard digests were pinned for a {files}-file artifact; not used"),)
+    found = []
+    for position, digest in shards.items():
+        if position < len(pinned) and pinned[position].lower() != digest.sha256:
+            what = f"shard {position + 1}" if files > 1 else "artifact"
+            found.append(Blocker(code="artifact.sha256_mismatch", gate="input",
+                                 why=f"{what} sha256 is {digest.sha256}, expected {pinned[position]}; not used"))
+    return tuple(found)
+
+
 def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress, shard: int,
                  shards: int) -> tuple[Report, StoragePart | None]:
     """One shard of a verification split over pods: (the report without gate 1's values, this shard's part
@@ -193,21 +237,21 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
     if not artifact.is_file():
         return unfetched(request, policy, Blocker(code="artifact.unreadable", gate="input",
                                                   why=f"{inputs.artifact_name} is not a readable file")), None
-    sha = sha256_file(artifact, lambda done, total: progress("sha256", done, total))
-    run.artifact = FileDigest(uri=inputs.artifact_name, sha256=sha, size=artifact.stat().st_size)
-    run.files = [run.artifact, *digest_tree(source_dir, inputs.source_name)]
+    digests = _digest_shards(artifact, inputs.artifact_name, progress)
+    pieces = list(digests.values())  # the artifact's files: one, or every shard of a split
+    run.artifact = pieces[0]
+    sha = run.artifact.sha256
+    run.files = [*pieces, *digest_tree(source_dir, inputs.source_name)]
     run.timings["fetch_and_digest"] = time.perf_counter() - run.started
-    if request.expected_sha256 is not None and request.expected_sha256.lower() != sha:
-        run.stop_all(Blocker(code="artifact.sha256_mismatch", gate="input",
-                             why=f"artifact sha256 is {sha}, expected {request.expected_sha256}; not used"),
-                     "artifact digest mismatch")
+    if mismatched := _digest_mismatches(request, len(artifact_paths(artifact)), digests):
+        run.stop_all(mismatched, "artifact digest mismatch")
         return run.report(policy), None
     imatrix = _load_imatrix(run, request, inputs)
     if isinstance(imatrix, Blocker):
         run.stop_all(imatrix, "the importance matrix was refused")
         return run.report(policy), None
     layout = validate_structure(artifact)
-    if isinstance(layout, Blocker):
+    if isinstance(layout, tuple):
         run.stop_all(layout, "the artifact is not a well-formed GGUF")
         return run.report(policy), None
     source = open_source_or_blocker(source_dir)
@@ -236,10 +280,10 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
     if 3 in request.gates:
         sentence = sentence_config(source)
         kind = measured.kind if measured else model_kind(source, sentence, request.kind)
-        result, blockers, package = run_release_gate(artifact, inputs.artifact_name, sha, layout, sentence,
-                                                     measured, kind, inputs.release_files)
+        result, blockers, package = run_release_gate(artifact, pieces, layout, sentence, measured, kind,
+                                                     inputs.release_files)
         run.record(result, blockers)
-        run.files[1:1] = package[1:]
+        run.files[len(pieces):len(pieces)] = package[len(pieces):]
         if measured is None:
             run.not_verified.append("gate 3 top-1 results were not compared with gate 2 (gate 2 did not run)")
     ran = {name for name, gate in run.gates.items() if gate.status != "not_run"} | ({"storage"} if part else set())

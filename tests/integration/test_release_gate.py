@@ -12,6 +12,7 @@ from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
 from worker.gates.release import run_release_gate
 from worker.gates.runtime import RuntimeMeasurements
+from worker.report import FileDigest
 from worker.runtime.sentence_config import sentence_config
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,8 @@ def release_inputs(minilm):
 
 def release(release_inputs, *, sha=None, layout=None, measured=None, package=()):
     artifact, base_layout, sentence, base_sha = release_inputs
-    result, blockers, files = run_release_gate(artifact, artifact.as_uri(), sha or base_sha, layout or base_layout,
+    measured_file = FileDigest(uri=artifact.as_uri(), sha256=sha or base_sha, size=artifact.stat().st_size)
+    result, blockers, files = run_release_gate(artifact, [measured_file], layout or base_layout,
                                                sentence, measured, "embedding", package)
     return result, {b.code for b in blockers}, files
 
@@ -75,8 +77,9 @@ def reranker_gate2(bge_reranker):
 def release_reranker(bge_reranker, reranker_gate2, measured, artifact_type="F16", sha=None):
     artifact = bge_reranker / f"{artifact_type}.gguf"
     _, sentence = reranker_gate2
-    result, blockers, _ = run_release_gate(artifact, artifact.as_uri(), sha or sha_of(artifact), read_layout(artifact),
-                                           sentence, measured, "reranker")
+    measured_file = FileDigest(uri=artifact.as_uri(), sha256=sha or sha_of(artifact), size=artifact.stat().st_size)
+    result, blockers, _ = run_release_gate(artifact, [measured_file], read_layout(artifact), sentence, measured,
+                                           "reranker")
     return result, {b.code for b in blockers}
 
 

@@ -247,3 +247,15 @@ def test_of_several_matching_runs_the_newest_verdict_is_returned(api):
     finish(api, newer, "NO-GO")
     reused = submit(api).json()
     assert (reused["reused_from"], reused["verdict"]) == (newer, "NO-GO")
+
+
+def test_a_split_is_keyed_on_every_shards_digest(tmp_path):
+    from service.reuse import reuse_key
+
+    local = Settings(database_url="sqlite://", cache_dir=tmp_path)
+    request = {**body(), "gates": [1, 2, 3], "kind": "auto", "texts": None, "release_files": []}
+    split = {**request, "artifact_shard_sha256": [request["artifact_sha256"], "b" * 64, "c" * 64]}
+    other_third = {**split, "artifact_shard_sha256": [request["artifact_sha256"], "b" * 64, "d" * 64]}
+    keys = {reuse_key(local, request, "p" * 64), reuse_key(local, split, "p" * 64),
+            reuse_key(local, other_third, "p" * 64)}
+    assert len(keys) == 3 and None not in keys

@@ -7,7 +7,6 @@ honest splits (what real releases come from), and one plain `GGUFWriter` per sha
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ import gguf
 import numpy as np
 import pytest
 
+from tests.gguf_split_writer import resplit
 from worker.errors import UsageError
 from worker.formats.gguf_split import (
     SplitArtifact,
@@ -269,29 +269,6 @@ def test_a_structurally_broken_shard_keeps_its_gguf_code(tmp_path: Path) -> None
 
 
 # --- the reference: llama.cpp itself -----------------------------------------------------------------------
-
-def resplit(src: Path, dst: Path, shards: int) -> list[Path]:
-    """`src` re-written as `shards` shards by gguf-py: every key/value pair and every tensor's bytes copied."""
-    reader = gguf.GGUFReader(src)
-    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE)
-    assert arch is not None
-    writer = gguf.GGUFWriter(dst, str(arch.contents()),
-                             split_max_tensors=math.ceil(len(reader.tensors) / shards))
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
-    names = writer.format_shard_names(dst)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return names
-
 
 def load_with_llama_cpp(first: Path) -> Any:
     import llama_cpp

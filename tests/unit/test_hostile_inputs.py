@@ -41,8 +41,8 @@ def _report(blockers: list[Blocker], gate: GateResult | None) -> Report:
 def gate1(source_dir: Path, artifact: Path) -> tuple[list[Blocker], Report]:
     """What the engine does for gate 1, then the report writer and the summary."""
     layout = validate_structure(artifact)
-    if isinstance(layout, Blocker):
-        return [layout], _report([layout], None)
+    if isinstance(layout, tuple):
+        return list(layout), _report(list(layout), None)
     source = open_source_or_blocker(source_dir)
     if isinstance(source, Blocker):
         return [source], _report([source], None)

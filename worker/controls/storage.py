@@ -17,6 +17,7 @@ import numpy as np
 
 from worker.controls.planted import Planted, not_applicable
 from worker.errors import ReferenceMissingError, UnsupportedTypeError
+from worker.formats.artifact_files import ArtifactBytes, artifact_bytes
 from worker.formats.gguf_structure import GGUFLayout, TensorInfo
 from worker.formats.source import SourceModel
 from worker.gates import tensor_values
@@ -87,7 +88,7 @@ def _row_weights(imatrix: ImportanceMatrix | None, info: TensorInfo, row: int) -
     return np.asarray(weights[row // info.shape[1]])
 
 
-def _plant_one(copy: np.ndarray, info: TensorInfo, pair: Pairing, policy: Policy, imatrix: ImportanceMatrix | None,
+def _plant_one(copy: ArtifactBytes, info: TensorInfo, pair: Pairing, policy: Policy, imatrix: ImportanceMatrix | None,
                seed: str | None) -> Planted | None:
     """The control in `info`'s middle row, or None when that row does not pass honestly (or cannot be checked)."""
     n_rows = info.n_elements // info.shape[0]
@@ -122,7 +123,7 @@ def storage_controls(artifact: Path, layout: GGUFLayout, source: SourceModel, po
     passes (`seed`: the artifact's sha256, which draws a sampled reproduction's blocks)."""
     arch = architecture_for(str(layout.metadata.get("general.architecture", "")), source.config)
     pairs = take_inventory(arch, layout, source).pairs if arch is not None else ()
-    copy = np.memmap(artifact, dtype=np.uint8, mode="c")  # copy-on-write: the file is never written
+    copy = artifact_bytes(artifact, mode="c")  # copy-on-write: the file is never written
     found = []
     for type_name, indexes in candidates_by_type(layout, {i: pair.gguf_name for i, pair in enumerate(pairs)}).items():
         planted = (_plant_one(copy, layout.tensor(pairs[i].gguf_name), pairs[i], policy, imatrix, seed)

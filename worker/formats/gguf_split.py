@@ -32,7 +32,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -109,7 +109,7 @@ class SplitArtifact:
         return layout
 
 
-def shard_name(path: Path) -> ShardName | None:
+def shard_name(path: PurePath) -> ShardName | None:
     """What `path`'s name says about its place in a split, or None if it is not a shard name."""
     match = SHARD_NAME.match(path.name)
     if match is None:

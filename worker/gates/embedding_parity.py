@@ -67,12 +67,16 @@ def top1(queries: list[np.ndarray], documents: list[np.ndarray]) -> tuple[list[i
     return best, margins
 
 
-def retrieval_top1(embed: Embed, prompts: dict[str, str], retrieval: RetrievalSet = RETRIEVAL) -> list[int]:
+def retrieval_texts(prompts: dict[str, str], retrieval: RetrievalSet = RETRIEVAL) -> tuple[list[str], list[str]]:
+    """The retrieval set's queries and documents, each with the model's prompt as sentence-transformers adds it."""
     query_prompt = prompts.get("query", "")
     document_prompt = prompts.get("document", prompts.get("passage", ""))
-    queries = [embed(query_prompt + q) for q in retrieval.queries]
-    documents = [embed(document_prompt + d) for d in retrieval.documents]
-    return top1(queries, documents)[0]
+    return [query_prompt + q for q in retrieval.queries], [document_prompt + d for d in retrieval.documents]
+
+
+def retrieval_top1(embed: Embed, prompts: dict[str, str], retrieval: RetrievalSet = RETRIEVAL) -> list[int]:
+    queries, documents = retrieval_texts(prompts, retrieval)
+    return top1([embed(query) for query in queries], [embed(document) for document in documents])[0]
 
 
 def _diagnose(rows: list[dict[str, Any]], threshold: float) -> str | None:

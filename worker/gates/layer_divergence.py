@@ -26,7 +26,7 @@ import numpy as np
 
 from worker.blockers import Blocker
 from worker.errors import ConvgateError
-from worker.formats.gguf_structure import read_layout
+from worker.formats.artifact_files import artifact_layout
 from worker.formats.source import open_source
 from worker.gates.references import references
 from worker.gates.relevance_parity import RERANK_SET
@@ -171,7 +171,7 @@ def measure_curves(source_dir: Path, artifact: Path, texts: Sequence[str]) -> li
     """Each text's per-layer curve on one conversion against transformers on its own weights, outside any
     gate: how MEASURED_LAYERS was measured. The base model serves every kind (a causal LM's or classifier's
     head comes after the last block)."""
-    layout = read_layout(artifact)
+    layout = artifact_layout(artifact)
     architecture = str(layout.metadata["general.architecture"])
     model, _, _ = references(artifact, layout, open_source(source_dir), "embedding")
     with LlamaProcess(artifact, embedding=True, n_ctx=512) as candidate:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from worker.blockers import Blocker
-from worker.digests import digest_file, sha256_file
+from worker.digests import digest_file
 from worker.errors import ReferenceMissingError
+from worker.formats.artifact_files import artifact_paths
 from worker.formats.gguf_structure import GGUFLayout
 from worker.gates.embedding_parity import retrieval_top1
 from worker.gates.loadable import refusal
@@ -110,8 +112,7 @@ def _remeasure_relevance(candidate: LlamaProcess, measured: RuntimeMeasurements 
 
 def run_release_gate(
     artifact: Path,
-    artifact_uri: str,
-    measured_sha256: str,
+    measured_files: Sequence[FileDigest],
     layout: GGUFLayout,
     sentence: SentenceConfig,
     measured: RuntimeMeasurements | None,
@@ -120,7 +121,9 @@ def run_release_gate(
 ) -> tuple[GateResult, list[Blocker], list[FileDigest]]:
     started = time.perf_counter()
     details: dict = {}
-    files = [digest_file(artifact, artifact_uri)]
+    # the artifact's every file (a split's every shard) read again, as published: the bytes gates 1 and 2 saw
+    paths = artifact_paths(artifact)
+    files = [digest_file(path, measured.uri) for path, measured in zip(paths, measured_files, strict=True)]
     blockers: list[Blocker] = []
     for path in package:
         try:
@@ -128,8 +131,10 @@ def run_release_gate(
         except OSError as exc:
             blockers.append(Blocker(code="release.missing_file", gate="release", why=f"{path}: {exc.strerror}"))
     details["package"] = [f.model_dump() for f in files]
-    if changed := digest_changed(sha256_file(artifact), measured_sha256, artifact.name):
-        blockers.append(changed)
+    changed = [found for path, now, then in zip(paths, files, measured_files, strict=True)
+               if (found := digest_changed(now.sha256, then.sha256, path.name))]
+    if changed:
+        blockers.extend(changed)
     elif kind is None:
         blockers.append(Blocker(code="runtime.unknown_model_kind", gate="release", why="cannot re-measure"))
     elif refused := refusal(layout, "release"):

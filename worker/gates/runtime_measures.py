@@ -14,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from worker.blockers import Blocker
-from worker.gates.embedding_parity import check_embeddings, compare_vectors, retrieval_top1
+from worker.gates.embedding_parity import check_embeddings, compare_vectors, retrieval_texts, retrieval_top1
 from worker.gates.logits_parity import check_logits
 from worker.gates.quality import SourceGap, position_stats
 from worker.gates.relevance_parity import RERANK_SET, document_order, measure_relevance
@@ -61,11 +61,19 @@ def measure_embeddings(sides: Sides, sentence: SentenceConfig, ids_equal: dict[s
                        thresholds: RuntimeThresholds) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
     pooling = sentence.pooling or "mean"
 
+    def ids(text: str) -> list[int]:
+        return sides.hf.encode(text, add_special=True, parse_special=False)
+
     def embedder(model: HFModel) -> Any:
-        return lambda text: model.embed(sides.hf.encode(text, add_special=True, parse_special=False), pooling)
+        return lambda text: model.embed(ids(text), pooling)
+
+    queries, documents = retrieval_texts(sentence.prompts)
+    every = [ids(text) for text in (*(t.text for t in sides.texts), *queries, *documents)]
+    sides.correct.prefetch(every)  # a streamed reference reads its weights once for all of them
 
     reference, embed = Recorded(embedder(sides.correct)), Recorded(sides.candidate.embed)
     result = check_embeddings(sides.texts, reference, embed, sentence, ids_equal, policy, thresholds)
+    sides.source.prefetch(every)
     from_source = Recorded(embedder(sides.source))
     for text in sides.texts:
         if np.all(np.isfinite(candidate := embed.replay(text.text))):
@@ -91,6 +99,9 @@ def measure_logits(sides: Sides, policy: Policy,
     def against_source(text: Text, ids: list[int], candidate: np.ndarray) -> None:
         sides.gap.add_logits(text, position_stats(sides.source.logits(ids), candidate, ids))
 
+    measured_ids = [ids for ids in map(llama_ids, (t.text for t in sides.texts)) if len(ids) <= sides.n_ctx]
+    sides.correct.prefetch(measured_ids)  # a streamed reference reads its weights once for all of them
+    sides.source.prefetch(measured_ids)
     tokenize, reference = Recorded(llama_ids), Recorded(sides.correct.logits, keep=1)
     logits = Recorded(sides.candidate.logits, keep=1)
     result = check_logits(sides.texts, tokenize, reference, logits, policy, thresholds, observe=against_source)

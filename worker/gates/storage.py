@@ -12,7 +12,8 @@ from pathlib import Path
 
 from worker.blockers import Blocker
 from worker.errors import SourceError
-from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
+from worker.formats.artifact_files import read_artifact
+from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for, supported
 from worker.gates.inventory import Inventory, take_inventory
@@ -33,11 +34,10 @@ def _failed(started: float, blockers: list[Blocker], **details: object) -> tuple
     return result, blockers
 
 
-def validate_structure(artifact: Path) -> GGUFLayout | Blocker:
-    try:
-        return read_layout(artifact)
-    except GGUFStructureError as exc:
-        return Blocker(code=exc.code, gate="storage", why=exc.why, tensor=exc.tensor)
+def validate_structure(artifact: Path) -> GGUFLayout | tuple[Blocker, ...]:
+    """The artifact (one file, or every shard of a split named by its first) as one layout, or each of its
+    structural defects: a split can have several, one per shard."""
+    return read_artifact(artifact)
 
 
 def open_source_or_blocker(source_dir: Path) -> SourceModel | Blocker:

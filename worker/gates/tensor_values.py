@@ -18,6 +18,7 @@ import numpy as np
 
 from worker.blockers import Blocker
 from worker.errors import UnsupportedTypeError
+from worker.formats.artifact_files import ArtifactBytes
 from worker.formats.ggml_types import UNCHECKED_TYPES
 from worker.formats.gguf_structure import TensorInfo
 from worker.gates.architectures import RowTransform, TensorSource
@@ -233,7 +234,7 @@ def _judge(acc: _Accumulator, info: TensorInfo, check: str, crosscheck: str | No
 
 
 def check_tensor(
-    file_bytes: np.ndarray,
+    file_bytes: ArtifactBytes,
     info: TensorInfo,
     source: TensorSource,
     transform: RowTransform | None,

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 from pydantic import BaseModel
 
 from worker.blockers import Blocker
 from worker.errors import ReferenceMissingError, UnsupportedTypeError
-from worker.formats.gguf_structure import GGUFLayout, read_layout
+from worker.formats.artifact_files import ArtifactBytes, artifact_bytes, artifact_layout
+from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import open_source
 from worker.gates.architectures import architecture_for
 from worker.gates.inventory import Pairing, take_inventory
@@ -59,7 +59,7 @@ class ValueJob:
     sample_seed: str | None
 
 
-def check_one(file_bytes: np.ndarray, layout: GGUFLayout, pair: Pairing, index: int, policy: Policy,
+def check_one(file_bytes: ArtifactBytes, layout: GGUFLayout, pair: Pairing, index: int, policy: Policy,
               imatrix: ImportanceMatrix | None, sample_seed: str | None = None) -> CheckedPair:
     """Inventory pair `index`; errors that concern only this tensor become its blockers."""
     info = layout.tensor(pair.gguf_name)
@@ -82,7 +82,7 @@ def check_one(file_bytes: np.ndarray, layout: GGUFLayout, pair: Pairing, index: 
 class _Worker:
     """A pool process's own view of the job, built once by `_start`."""
 
-    file_bytes: np.ndarray
+    file_bytes: ArtifactBytes
     layout: GGUFLayout
     pairs: tuple[Pairing, ...]
     job: ValueJob
@@ -95,7 +95,7 @@ def _start(job: ValueJob) -> None:
     from worker.resources import limit_native_threads
 
     limit_native_threads(1)  # one process per CPU already; a BLAS pool inside each would oversubscribe
-    layout = read_layout(job.artifact)
+    layout = artifact_layout(job.artifact)
     source = open_source(job.source_root)
     arch = architecture_for(str(layout.metadata.get("general.architecture", "")), source.config)
     if arch is None:
@@ -103,7 +103,7 @@ def _start(job: ValueJob) -> None:
     pairs = take_inventory(arch, layout, source).pairs
     if tuple(pair.gguf_name for pair in pairs) != job.pair_names:
         raise RuntimeError("the pool process paired the tensors differently from the parent")
-    _worker.file_bytes = np.memmap(job.artifact, dtype=np.uint8, mode="r")
+    _worker.file_bytes = artifact_bytes(job.artifact)
     _worker.layout, _worker.pairs, _worker.job = layout, pairs, job
 
 
@@ -135,7 +135,7 @@ def _in_pool(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...], chos
 
 def _here(job: ValueJob, layout: GGUFLayout, pairs: tuple[Pairing, ...],
           chosen: list[int]) -> Iterator[CheckedPair]:
-    file_bytes = np.memmap(job.artifact, dtype=np.uint8, mode="r")
+    file_bytes = artifact_bytes(job.artifact)
     for index in chosen:
         yield check_one(file_bytes, layout, pairs[index], index, job.policy, job.imatrix, job.sample_seed)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from worker.formats.artifact_files import ArtifactBytes, artifact_bytes
 from worker.formats.gguf_structure import GGUFLayout, TensorInfo
 from worker.gates.architectures import RowTransform
 from worker.gates.architectures.derived import DerivedTensor
@@ -30,7 +31,7 @@ from worker.quant import reference
 from worker.runtime.streamed_model import SafetensorsCheckpoint
 
 
-def stored_values(file_bytes: np.ndarray, info: TensorInfo) -> np.ndarray:
+def stored_values(file_bytes: ArtifactBytes, info: TensorInfo) -> np.ndarray:
     """One tensor's stored values as float32, in row-major (numpy) shape."""
     raw = np.asarray(file_bytes[info.offset:info.offset + info.nbytes])
     name = info.ggml_type.name
@@ -60,7 +61,7 @@ class ArtifactCheckpoint:
 
     def __init__(self, artifact: Path, layout: GGUFLayout, pairs: Sequence[Pairing],
                  source: SafetensorsCheckpoint) -> None:
-        self.file_bytes = np.memmap(artifact, dtype=np.uint8, mode="r")
+        self.file_bytes = artifact_bytes(artifact)
         self.layout = layout
         self.source = source
         self.by_key: dict[str, Pairing] = {}

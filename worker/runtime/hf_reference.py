@@ -10,6 +10,7 @@ translated into `ReferenceMissingError` here, at the boundary.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from worker.errors import ReferenceMissingError, SourceError
 from worker.formats.json_input import parse_json
 from worker.resources import cpu_budget, limit_native_threads
 from worker.runtime.sentence_config import Pooling
-from worker.runtime.streamed_model import Checkpoint, streamed_model
+from worker.runtime.streamed_model import STREAMED, Checkpoint, streamed_model
 from worker.versions import package_version
 
 
@@ -87,6 +88,7 @@ class HFModel:
         self.classifier = classifier
         self.streamed = streamed
         self.checkpoint = checkpoint
+        self._batched: dict[tuple[int, ...], np.ndarray] = {}  # prefetch's outputs, each taken once
 
     @cached_property
     def model(self) -> Any:
@@ -119,6 +121,34 @@ class HFModel:
                 f"(architectures {config.get('architectures')}, model_type {config.get('model_type')!r}), "
                 f"so gate 2 has no reference: {type(exc).__name__}: {first_line}")
 
+    def prefetch(self, sequences: Sequence[list[int]]) -> None:
+        """Run every sequence through the model in one padded batch when its weights are streamed, so each
+        weight is read once for all of them instead of once per sequence (a 70B source does not fit a pod's
+        page cache: 8 texts one by one would read it 8 times). The outputs wait for `embed` / `logits` to
+        take them. A model whose weights stay resident gains nothing and keeps running one sequence at a
+        time (exactly the numbers every threshold was measured with); a classifier head finds each
+        sequence's last token by the pad id, which a config need not define, so it is never batched.
+
+        Memory: the activations of every sequence at one layer, and their outputs (hidden states, or the
+        head's logits: sequences x positions x vocabulary floats)."""
+        if self.classifier or not getattr(self.model, STREAMED, False):
+            return
+        todo = [list(ids) for ids in dict.fromkeys(tuple(ids) for ids in sequences)
+                if ids and tuple(ids) not in self._batched]
+        if len(todo) < 2:
+            return
+        torch = _torch()
+        ids = torch.zeros((len(todo), max(map(len, todo))), dtype=torch.long)  # right-padded: positions stay 0..n-1
+        mask = torch.zeros_like(ids)
+        for row, sequence in enumerate(todo):
+            ids[row, :len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+            mask[row, :len(sequence)] = 1
+        with torch.inference_mode():
+            output = self.model(input_ids=ids, attention_mask=mask)
+        values = output.logits if self.causal else output.last_hidden_state
+        for row, sequence in enumerate(todo):
+            self._batched[tuple(sequence)] = values[row, :len(sequence)].double().numpy()
+
     def _forward(self, ids: list[int]) -> Any:
         torch = _torch()
         with torch.inference_mode():
@@ -127,7 +157,9 @@ class HFModel:
 
     def embed(self, ids: list[int], pooling: Pooling) -> np.ndarray:
         """Pooled, unnormalised sentence embedding of one unpadded sequence."""
-        hidden = self._forward(ids).last_hidden_state[0].double().numpy()
+        hidden = self._batched.pop(tuple(ids), None)
+        if hidden is None:
+            hidden = self._forward(ids).last_hidden_state[0].double().numpy()
         if pooling == "mean":
             return hidden.mean(axis=0)
         return hidden[0] if pooling == "cls" else hidden[-1]
@@ -135,4 +167,6 @@ class HFModel:
     def logits(self, ids: list[int]) -> np.ndarray:
         """The head's logits: per position for a causal LM, per sequence for a classifier (a reranker's
         relevance score)."""
+        if not self.classifier and (batched := self._batched.pop(tuple(ids), None)) is not None:
+            return batched
         return self._forward(ids).logits[0].double().numpy()

@@ -38,6 +38,7 @@ SHARD_INDEX = "model.safetensors.index.json"
 # A model whose float32 weights fit in this is kept once read (WeightStream); a larger one is streamed
 # throughout. Every test fixture fits, so their gate 2 costs what it did. Part of the README's bound.
 RESIDENT_BYTES = 1 << 30
+STREAMED = "_convgate_streamed"  # set on a model whose weights are read for every forward pass (not kept)
 
 
 class Checkpoint(Protocol):
@@ -336,7 +337,9 @@ def streamed_model(loader: Any, source_dir: Path, resident_bytes: int | None = N
     report_cpu_device(model)
     float32_bytes = 4 * sum(p.numel() for p in model.parameters())
     cap = RESIDENT_BYTES if resident_bytes is None else resident_bytes
-    WeightStream(loading, sources, keep=float32_bytes <= cap).attach(model)
+    keep = float32_bytes <= cap
+    WeightStream(loading, sources, keep=keep).attach(model)
+    setattr(model, STREAMED, not keep)
     return model
 
 

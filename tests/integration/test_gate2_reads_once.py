@@ -1,0 +1,65 @@
+"""Gate 2 reads each weight of a streamed reference once per run, however many texts it measures.
+
+A reference larger than RESIDENT_BYTES is streamed: each module's weights are read just before it runs and
+dropped after. Run one text at a time, a 70B source (140 GB, beyond any pod's page cache) would be read from
+disk once per text. Streamed references run all of a run's sequences in one padded batch instead, so every
+checkpoint key is read as often for eight texts as for one. Both trained models are streamed here (the limit
+forced to 0) and must still be GO: batching must not move the reference's numbers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_gates
+from worker.runtime import streamed_model as streamed_module
+
+pytestmark = pytest.mark.slow
+
+EIGHT = ("The quick brown fox jumps over the lazy dog.",
+         "How do I verify that a converted model matches the original weights?",
+         "Paris is the capital and largest city of France.",
+         "Photosynthesis lets plants turn light, water and carbon dioxide into sugar and oxygen.",
+         "def add(a, b):\n    return a + b",
+         "Der schnelle braune Fuchs springt über den faulen Hund.",
+         "1, 2, 3, 5, 8, 13, 21, 34, 55",
+         "Platform teams gate every model before it ships.")
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[tuple[int, str]]]:
+    """Every checkpoint key each streamed reference (one `Loading` each) reads, counted."""
+    counted: Counter[tuple[int, str]] = Counter()
+    load = streamed_module.Loading.load
+
+    def counting(self: streamed_module.Loading, keys: Sequence[str]) -> set[str]:
+        counted.update((id(self), key) for key in keys)
+        return load(self, keys)
+
+    monkeypatch.setattr(streamed_module, "RESIDENT_BYTES", 0)
+    monkeypatch.setattr(streamed_module.Loading, "load", counting)
+    yield counted
+
+
+def per_key(counted: Counter[tuple[int, str]]) -> list[int]:
+    """How often each key was read, per reference, in a stable order (references by first read)."""
+    order = list(dict.fromkeys(reference for reference, _ in counted))
+    return [counted[(reference, key)] for reference in order
+            for key in sorted(key for owner, key in counted if owner == reference)]
+
+
+@pytest.mark.parametrize(("fixture", "artifact"), [("smollm2", "smollm2-Q8_0.gguf"), ("minilm", "minilm-Q8_0.gguf")])
+def test_eight_texts_read_each_weight_as_often_as_one(fixture: str, artifact: str, reads: Counter,
+                                                       request: pytest.FixtureRequest) -> None:
+    root: Path = request.getfixturevalue(fixture)
+    one = run_gates(root / "source", root / artifact, {2}, texts=EIGHT[:1])
+    once = per_key(reads)
+    reads.clear()
+    eight = run_gates(root / "source", root / artifact, {2}, texts=EIGHT)
+    assert one.verdict == "GO" and eight.verdict == "GO", (one.blockers, eight.blockers)
+    assert per_key(reads) == once  # the same keys, each read the same number of times
+    assert max(once) <= 2  # once per module; a tied head reads its embedding's key a second time
