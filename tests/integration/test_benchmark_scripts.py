@@ -21,14 +21,16 @@ SMOKE_ARGS = {
     "bench_api.py": ["--requests", "40", "--concurrency", "4", "--verdicts", "2000", "--queries", "20"],
     "bench_scale.py": ["--smoke"],
     "bench_export.py": ["--smoke"],
+    "bench_7b.py": ["--smoke"],
 }
-FIXTURE_SCRIPTS = {"bench_gate1.py", "bench_gates.py", "bench_scale.py"}
+FIXTURE_SCRIPTS = {"bench_gate1.py", "bench_gates.py", "bench_scale.py", "bench_7b.py"}
 RATIO = {
     "bench_gate1.py": r"minilm-F32\s+\d+.*\s\d+\.\d+\s+\d+\.\d+$",
     "bench_gates.py": r"full verify / baseline = \d+\.\d+x",
     "bench_api.py": r"query p99 / baseline p99 = \d+\.\d+x",
     "bench_scale.py": r"baseline",
     "bench_export.py": r"peak large / peak small = \d+\.\d+x",
+    "bench_7b.py": r"-00001-of-00003\.gguf\s+\d+ s / \d+ s = \d+\.\d+x",
 }
 
 

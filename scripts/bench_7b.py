@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""A 7B-shaped run: a random-weight causal LM with Llama-2-7B's shapes (hidden 4096, 32 layers, MLP 11008,
+32 heads, vocabulary 32000: 6.74B parameters) as a BF16 source in 2 GB safetensors shards, converted by
+llama.cpp's own converter to F16 and quantized by llama.cpp's quantizer to Q4_K_M, the Q4_K_M also written as
+a 3-shard gguf-split. Each artifact is verified in full (gates 1, 2, 3) on this machine, beside the time the
+converter and the quantizer took to make it: the baseline is what producing the file cost.
+
+Every verification is a fresh process with the page cache dropped first (when the kernel lets us), measured
+from outside: wall seconds, the reports' per-gate seconds, the peaks of the process tree's VmRSS and RssAnon
+(sampled every 50 ms), and the bytes the tree read from storage (/proc/<pid>/io read_bytes, summed over the
+tree, each process's last sample kept), attributed to gates by the report's own timings.
+The projection to 70B scales each measure by the parameter count (10.4x), the slope a linear-time gate has.
+
+Usage: python scripts/bench_7b.py [--workdir DIR]       (~80 GB of disk at its peak is not needed: the F16 is
+                                                           deleted once quantized; ~32 GB)
+       python scripts/bench_7b.py --smoke               (a 2-layer, 256-wide model: the suite's check)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO))
+TEXTS = REPO / "examples" / "english.txt"
+LLAMA2_7B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008, "num_attention_heads": 32,
+             "num_key_value_heads": 32, "head_dim": 128}
+SMOKE = {"hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 512, "num_attention_heads": 4,
+         "num_key_value_heads": 4, "head_dim": 64}
+SHARD_BYTES = 2 << 30
+PARAMS_70B = 68.98e9  # Llama-2-70B
+
+
+def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a LlamaForCausalLM with `config`'s shapes, in checkpoint order."""
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    q = config["num_attention_heads"] * config["head_dim"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}."
+        shapes |= {prefix + "input_layernorm.weight": (hidden,), prefix + "post_attention_layernorm.weight": (hidden,),
+                   prefix + "self_attn.q_proj.weight": (q, hidden), prefix + "self_attn.k_proj.weight": (kv, hidden),
+                   prefix + "self_attn.v_proj.weight": (kv, hidden), prefix + "self_attn.o_proj.weight": (hidden, q),
+                   prefix + "mlp.gate_proj.weight": (inter, hidden), prefix + "mlp.up_proj.weight": (inter, hidden),
+                   prefix + "mlp.down_proj.weight": (hidden, inter)}
+    return shapes | {"model.norm.weight": (config["hidden_size"],), "lm_head.weight": (vocab, hidden)}
+
+
+def build_source(target: Path, template: Path, shapes: dict[str, int]) -> int:
+    """The BF16 source in shards of at most SHARD_BYTES, written one shard at a time (never the whole model in
+    memory); the tiny-llama fixture's tokenizer. Returns the parameter count."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((template / "config.json").read_text()) | shapes | {"dtype": "bfloat16",
+                                                                          "max_position_embeddings": 4096}
+    every = tensor_shapes(config)
+    if not target.exists():
+        tmp = target.with_name(target.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "generation_config.json"):
+            shutil.copyfile(template / name, tmp / name)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        generator = torch.Generator().manual_seed(0)
+        groups: list[list[str]] = [[]]
+        size = 0
+        for name, shape in every.items():
+            if size and size + 2 * math.prod(shape) > SHARD_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(name)
+            size += 2 * math.prod(shape)
+        weight_map = {}
+        for number, names in enumerate(groups, start=1):
+            file = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+            tensors = {name: (torch.ones(every[name]) if name.endswith("norm.weight") else
+                              torch.empty(every[name]).normal_(0, 0.02, generator=generator)).to(torch.bfloat16)
+                       for name in names}
+            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+            weight_map |= dict.fromkeys(names, file)
+        total = sum(2 * math.prod(shape) for shape in every.values())
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        tmp.rename(target)
+    return sum(math.prod(shape) for shape in every.values())
+
+
+class Sampler:
+    """Peaks of a process tree's VmRSS and RssAnon, and its storage reads over time, every 50 ms."""
+
+    def __init__(self, root: int) -> None:
+        self.root = psutil.Process(root)
+        self.rss = self.anon = 0
+        self.read: dict[int, int] = {}  # pid -> its last read_bytes
+        self.timeline: list[tuple[float, int]] = []
+        self.done = threading.Event()
+        self.started = time.perf_counter()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.05):
+            try:
+                tree = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            rss = anon = 0
+            for process in tree:
+                try:
+                    with open(f"/proc/{process.pid}/status") as status:
+                        fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS", "RssAnon")))
+                    self.read[process.pid] = process.io_counters().read_bytes
+                except (OSError, psutil.Error):
+                    continue
+                rss += int(fields.get("VmRSS", "0 kB").split()[0])
+                anon += int(fields.get("RssAnon", "0 kB").split()[0])
+            self.rss, self.anon = max(self.rss, rss), max(self.anon, anon)
+            self.timeline.append((time.perf_counter() - self.started, sum(self.read.values())))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def read_by(self, seconds: float) -> int:
+        """Bytes read by the tree in its first `seconds`."""
+        return max((read for at, read in self.timeline if at <= seconds), default=0)
+
+
+def drop_page_cache() -> bool:
+    """So the bytes read are the bytes a pod whose page cache cannot hold the model reads."""
+    try:
+        subprocess.run(["sync"], check=False)
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(label: str, work) -> tuple[float, object]:  # type: ignore[no-untyped-def]
+    started = time.perf_counter()
+    result = work()
+    seconds = time.perf_counter() - started
+    print(f"  {label}: {seconds:.0f} s", flush=True)
+    return seconds, result
+
+
+def verify(source: Path, artifact: Path, shard_sha256: list[str]) -> dict:
+    """One full verification in a fresh process, measured from outside."""
+    dropped = drop_page_cache()
+    argv = [sys.executable, "-m", "worker", "verify", "--source", str(source), "--artifact", str(artifact),
+            "--gates", "1,2,3", "--texts", str(TEXTS), "--json", *(f"--shard-sha256={s}" for s in shard_sha256)]
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    sampler = Sampler(process.pid)
+    out = process.stdout.read() if process.stdout else ""
+    code = process.wait()
+    sampler.stop()
+    wall = time.perf_counter() - started
+    if code not in (0, 1):
+        raise SystemExit(f"verification failed to run (exit {code}): {artifact.name}")
+    report = json.JSONDecoder().raw_decode(out)[0]
+    timings = report["timings"]
+    gates, bounds, at = {}, {}, wall - timings["total"]  # the interpreter's start before the engine's clock
+    for step in ("fetch_and_digest", "storage", "runtime", "release", "controls"):
+        at += timings.get(step, 0.0)
+        bounds[step] = at
+    before = 0
+    for step, end in bounds.items():
+        gates[step] = {"seconds": timings.get(step, 0.0), "read_gb": (sampler.read_by(end) - before) / 1e9}
+        before = sampler.read_by(end)
+    return {"artifact": artifact.name, "verdict": report["verdict"],
+            "blockers": [b["code"] for b in report["blockers"]], "wall_s": wall, "rss_gib": sampler.rss / 2**20,
+            "anon_gib": sampler.anon / 2**20,
+            "read_gb": sum(sampler.read.values()) / 1e9, "gates": gates, "cache_dropped": dropped}
+
+
+def report(params: int, source_gb: float, made: dict[str, float], runs: list[dict]) -> None:
+    scale = PARAMS_70B / params
+    print(f"\n7B-shaped run, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, {params / 1e9:.2f}B parameters, "
+          f"BF16 source {source_gb:.1f} GB, texts {TEXTS.name}")
+    print("making the files (llama.cpp's converter and quantizer; the split by gguf-py): "
+          + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in made.items() if name != "build the BF16 source"))
+    print(f"{'artifact':<40}{'verdict':>7}{'wall s':>8}{'digest':>8}{'gate 1':>8}{'gate 2':>8}{'gate 3':>8}"
+          f"{'ctrls':>7}{'RSS GiB':>9}{'anon':>6}{'read GB':>9}{'g2 read':>9}")
+    for run in runs:
+        g = run["gates"]
+        print(f"{run['artifact']:<40}{run['verdict']:>7}{run['wall_s']:>8.0f}{g['fetch_and_digest']['seconds']:>8.0f}"
+              f"{g['storage']['seconds']:>8.0f}{g['runtime']['seconds']:>8.0f}{g['release']['seconds']:>8.0f}"
+              f"{g['controls']['seconds']:>7.0f}{run['rss_gib']:>9.1f}{run['anon_gib']:>6.1f}{run['read_gb']:>9.1f}"
+              f"{g['runtime']['read_gb']:>9.1f}")
+    print("(read GB: bytes the verification's process tree read from storage, page cache dropped first: "
+          f"{all(run['cache_dropped'] for run in runs)}; g2 read: during gate 2, by the report's timings)")
+    conversion = {"F16": made["convert F16"], "Q4_K_M": made["convert F16"] + made["quantize Q4_K_M"]}
+    conversion["split"] = conversion["Q4_K_M"] + made.get("split Q4_K_M", 0.0)
+    print("\nverification wall / making the file:")
+    for run in runs:
+        kind = "split" if "-of-" in run["artifact"] else ("F16" if "F16" in run["artifact"] else "Q4_K_M")
+        print(f"  {run['artifact']:<40} {run['wall_s']:.0f} s / {conversion[kind]:.0f} s = "
+              f"{run['wall_s'] / conversion[kind]:.2f}x")
+    print(f"\nprojected to 70B (x{scale:.1f} parameters, linear in each measure):")
+    for run in runs:
+        print(f"  {run['artifact']:<40} wall ~{run['wall_s'] * scale / 3600:.1f} h on {os.cpu_count()} CPUs, "
+              f"gate 2 ~{run['gates']['runtime']['seconds'] * scale / 60:.0f} min, read ~"
+              f"{run['read_gb'] * scale:.0f} GB, anonymous memory (not linear: one block + activations) "
+              f"measured {run['anon_gib']:.1f} GiB here")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--build"]:
+        print(build_source(Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--fixtures", type=Path, default=REPO / ".fixtures")
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer, 256-wide model")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from build_fixtures import convert, llama_cpp_tree, quantize
+
+    from tests.gguf_split_writer import resplit
+    from worker.digests import sha256_file
+
+    shapes = SMOKE if args.smoke else LLAMA2_7B
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="convgate-7b-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    source = workdir / ("llama-smoke" if args.smoke else "llama2-7b-shaped")
+    made: dict[str, float] = {}
+    runs = []
+    try:
+        # built in a child: torch in this process would count in every later child's peak
+        made["build the BF16 source"], out = timed("build the BF16 source", lambda: subprocess.check_output(
+            [sys.executable, __file__, "--build", str(source), str(args.fixtures / "tiny-llama" / "source"),
+             json.dumps(shapes)], text=True))
+        params = int(str(out).split()[-1])
+        tree = llama_cpp_tree(args.fixtures)
+        made["convert F16"], f16 = timed("convert F16", lambda: convert(tree, source, "f16",
+                                                                          workdir / f"{source.name}-F16.gguf"))
+        runs.append(verify(source, Path(str(f16)), []))
+        made["quantize Q4_K_M"], q4 = timed("quantize Q4_K_M", lambda: quantize(
+            Path(str(f16)), "Q4_K_M", workdir / f"{source.name}-Q4_K_M.gguf"))
+        Path(str(f16)).unlink()  # the disk: BF16 source, F16 and Q4_K_M at once is the peak
+        runs.append(verify(source, Path(str(q4)), []))
+        (workdir / "split").mkdir(exist_ok=True)
+        made["split Q4_K_M"], shards = timed("split Q4_K_M in 3", lambda: resplit(
+            Path(str(q4)), workdir / "split" / f"{source.name}-Q4_K_M.gguf", 3))
+        shard_list = list(shards)  # type: ignore[call-overload]
+        runs.append(verify(source, shard_list[0], [sha256_file(shard) for shard in shard_list]))
+        source_gb = sum(path.stat().st_size for path in source.glob("*.safetensors")) / 1e9
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"params": params, "made": made, "runs": runs}, indent=2))
+        return
+    report(params, source_gb, made, runs)
+
+
+if __name__ == "__main__":
+    main()
