@@ -19,7 +19,7 @@ import trustme
 
 from edge.download import FetchPolicy
 from edge.errors import FetchError, TransientFetchError
-from edge.fetch import fetch_artifact, fetch_source
+from edge.fetch import fetch_artifact, fetch_source, fetch_split_artifact
 from edge.retry import RetryPolicy
 from edge.store import ContentStore
 from edge.uri_policy import UriPolicy
@@ -364,3 +364,47 @@ def test_hf_snapshot_with_unsafe_file_names_is_refused(hub, store, name):
         {"id": "org/evil", "sha": COMMIT, "siblings": [{"rfilename": name}]}).encode())
     with pytest.raises(FetchError, match="unsafe file names"):
         fetch_source(f"hf://org/evil@{COMMIT}", store, hub_policy(hub))
+
+
+SHARDS = [b"GGUF" + bytes([number]) * 512 for number in (1, 2, 3)]
+ROUTES.update({f"/split/m-0000{number}-of-00003.gguf": (200, {}, body) for number, body in enumerate(SHARDS, 1)})
+
+
+def test_a_split_is_fetched_shard_by_shard_under_its_names(https_server, policy, store):
+    """Every shard by its own digest into the store; the first returned with its siblings beside it under
+    their published names, as llama.cpp looks for them."""
+    digests = tuple(hashlib.sha256(body).hexdigest() for body in SHARDS)
+    first = fetch_split_artifact(url(https_server, "/split/m-00001-of-00003.gguf"), digests, store, policy)
+    assert first.name == "m-00001-of-00003.gguf"
+    assert [(first.parent / f"m-0000{n}-of-00003.gguf").read_bytes() for n in (1, 2, 3)] == SHARDS
+    assert all(store.path_for(sha).is_file() for sha in digests)
+
+
+def test_a_split_shard_with_another_digest_is_refused_and_not_cached(https_server, policy, store):
+    digests = (hashlib.sha256(SHARDS[0]).hexdigest(), "0" * 64, hashlib.sha256(SHARDS[2]).hexdigest())
+    with pytest.raises(FetchError) as refused:
+        fetch_split_artifact(url(https_server, "/split/m-00001-of-00003.gguf"), digests, store, policy)
+    assert refused.value.code == "artifact.sha256_mismatch" and not store.path_for("0" * 64).exists()
+
+
+def test_a_split_named_by_another_shard_or_count_is_refused(https_server, policy, store):
+    digests = tuple(hashlib.sha256(body).hexdigest() for body in SHARDS)
+    for path in ("/split/m-00002-of-00003.gguf", "/model.gguf"):
+        with pytest.raises(FetchError, match="does not name the first of 3 shards") as refused:
+            fetch_split_artifact(url(https_server, path), digests, store, policy)
+        assert refused.value.code == "artifact.split_index_mismatch"
+    with pytest.raises(FetchError, match="first of 2 shards"):
+        fetch_split_artifact(url(https_server, "/split/m-00001-of-00003.gguf"), digests[:2], store, policy)
+
+
+def test_a_local_split_shard_outside_the_roots_is_refused(tmp_path, store):
+    inside, outside = tmp_path / "models", tmp_path / "elsewhere"
+    inside.mkdir()
+    outside.mkdir()
+    for number, body in enumerate(SHARDS, 1):
+        (inside if number != 2 else outside).joinpath(f"m-0000{number}-of-00003.gguf").write_bytes(body)
+    (inside / "m-00002-of-00003.gguf").symlink_to(outside / "m-00002-of-00003.gguf")
+    roots = FetchPolicy(uris=UriPolicy(allow_file=True, file_roots=(inside,)))
+    digests = tuple(hashlib.sha256(body).hexdigest() for body in SHARDS)
+    with pytest.raises(FetchError, match="refused"):
+        fetch_split_artifact((inside / "m-00001-of-00003.gguf").as_uri(), digests, store, roots)
