@@ -18,7 +18,7 @@ BENCHMARKS = sorted(path.name for path in SCRIPTS.glob("bench_*.py"))
 SMOKE_ARGS = {
     "bench_gate1.py": ["--smoke"],
     "bench_gates.py": ["--smoke"],
-    "bench_api.py": ["--requests", "40", "--concurrency", "4", "--verdicts", "2000", "--queries", "20"],
+    "bench_api.py": ["--seconds", "1", "--connections", "4", "--verdicts", "2000"],
     "bench_scale.py": ["--smoke"],
     "bench_export.py": ["--smoke"],
     "bench_7b.py": ["--smoke"],
@@ -27,7 +27,7 @@ FIXTURE_SCRIPTS = {"bench_gate1.py", "bench_gates.py", "bench_scale.py", "bench_
 RATIO = {
     "bench_gate1.py": r"minilm-F32\s+\d+.*\s\d+\.\d+\s+\d+\.\d+$",
     "bench_gates.py": r"full verify / baseline = \d+\.\d+x",
-    "bench_api.py": r"query p99 / baseline p99 = \d+\.\d+x",
+    "bench_api.py": r"POST /v1/verifications\s+throughput \d+\.\d+x, p99 \d+\.\d+x",
     "bench_scale.py": r"baseline",
     "bench_export.py": r"peak large / peak small = \d+\.\d+x",
     "bench_7b.py": r"-00001-of-00003\.gguf\s+\d+ s / \d+ s = \d+\.\d+x",
