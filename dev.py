@@ -201,6 +201,14 @@ def ensure_chromium() -> None:
         _apt_install("chromium")
 
 
+def ensure_load_generator() -> None:
+    """scripts/bench_api.py drives the API with wrk, a compiled client that never bounds the figures."""
+    import shutil
+
+    if not shutil.which("wrk"):
+        _apt_install("wrk")
+
+
 def ensure_container_tools() -> None:
     """The images are built with buildah on a debootstrap base, saved with skopeo and run under runc."""
     import shutil
@@ -217,6 +225,7 @@ def test(pytest_args: list[str]) -> int:
     _check(VENV / "bin" / "mypy", "worker", "service", "edge")
     pg_admin = os.environ.get("CONVGATE_TEST_PG") or ensure_postgres()
     ensure_chromium()
+    ensure_load_generator()
     ensure_container_tools()
     kube = (PYTHON, ROOT / "scripts" / "build_kube.py")  # cached by version; cold ~15 min on 2 cores
     images = (PYTHON, ROOT / "scripts" / "build_images.py", "--llama-wheels", llama_wheel().parent,
