@@ -245,17 +245,18 @@ print(json.dumps({"baseline_kib": baseline, "peak_kib": hwm_kib(), "shape": list
 """
 
 
-def build_random_model(out: Path) -> Path:
+def build_random_model(out: Path, config: dict | None = None) -> Path:
     """A random-weight BF16 Qwen3 causal LM of ~207M parameters in 32 blocks: 0.8 GB in float32,
     its largest module (the tied embedding) 25 MB."""
     import torch
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    config = config or BIG
     out.mkdir()
-    (out / "config.json").write_text(json.dumps(BIG))
+    (out / "config.json").write_text(json.dumps(config))
     with torch.device("meta"):
-        shapes = {name: p.shape for name, p in Qwen3ForCausalLM(Qwen3Config(**BIG)).named_parameters()}
+        shapes = {name: p.shape for name, p in Qwen3ForCausalLM(Qwen3Config(**config)).named_parameters()}
     generator = torch.Generator().manual_seed(12)
     tensors = {name: (torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=generator)
                       * 0.02).to(torch.bfloat16) for name, shape in shapes.items()}
@@ -281,12 +282,12 @@ def rss_budget(config: dict, baseline_bytes: int, source_bytes_per_weight: int) 
     return baseline_bytes + largest + activations + SLACK_BYTES
 
 
-def peak_of(source: Path, mode: str) -> dict:
+def peak_of(source: Path, mode: str, prompt: list[int] = PROMPT) -> dict:
     """VmHWM of a child process running the reference once: the child's own peak of resident memory,
     file-backed pages included (the streamed reader drops each safetensors mapping after its read, so
     they only count transiently; no GGUF is mapped in this child)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(source), mode, json.dumps(PROMPT), str(STREAMED_BELOW)],
+    done = subprocess.run([sys.executable, "-c", CHILD, str(source), mode, json.dumps(prompt), str(STREAMED_BELOW)],
                           env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -320,3 +321,28 @@ def test_a_shard_index_naming_files_outside_the_source_is_not_streamed(tmp_path)
                                           "b.weight": tmp_path / "model-00002-of-00002.safetensors"}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["a"]}))
     assert checkpoint_index(tmp_path) is None
+
+
+WIDE = {**BIG, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 24, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "vocab_size": 131072}
+SHORT = list(range(1, 17))
+
+
+def test_a_streamed_vocabulary_costs_its_rows_and_one_head_chunk_not_the_table(tmp_path):
+    """A 131k-token vocabulary (Llama 3's size) on a small model: the tied embedding is 268 MB in float32,
+    every other module under 3 MB. Streamed, the embedding reads only the rows of the text's ids and the
+    head is applied HEAD_CHUNK_BYTES at a time, so the peak is the baseline + one block's largest module +
+    one head chunk (in float32 and as read) + the logits: the table never is resident."""
+    from worker.runtime.streamed_model import HEAD_CHUNK_BYTES
+
+    source = build_random_model(tmp_path / "wide", WIDE)
+    streamed = peak_of(source, "streamed", SHORT)
+    assert streamed["shape"] == [len(SHORT), WIDE["vocab_size"]] and streamed["finite"]
+    hidden = WIDE["hidden_size"]
+    block_module = max(hidden * WIDE["intermediate_size"], hidden * WIDE["num_attention_heads"] * WIDE["head_dim"])
+    logits = len(SHORT) * WIDE["vocab_size"] * (4 + 8) * 2
+    budget = streamed["baseline_kib"] * 1024 + block_module * (4 + 2) + HEAD_CHUNK_BYTES * 3 // 2 + logits \
+        + SLACK_BYTES
+    table = WIDE["vocab_size"] * hidden * (4 + 2)
+    assert streamed["peak_kib"] * 1024 <= budget < streamed["baseline_kib"] * 1024 + table, (streamed, budget, table)
+

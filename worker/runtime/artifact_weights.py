@@ -34,6 +34,18 @@ from worker.runtime.streamed_model import SafetensorsCheckpoint
 def stored_values(file_bytes: ArtifactBytes, info: TensorInfo) -> np.ndarray:
     """One tensor's stored values as float32, in row-major (numpy) shape."""
     raw = np.asarray(file_bytes[info.offset:info.offset + info.nbytes])
+    return _decoded(raw, info).reshape(info.numpy_shape)
+
+
+def stored_rows(file_bytes: ArtifactBytes, info: TensorInfo, rows: Sequence[int]) -> np.ndarray:
+    """Rows `rows` of a 2-D tensor's stored values as float32: each row is whole blocks, decoded alone."""
+    n_rows = info.n_elements // info.shape[0]
+    raw = np.asarray(file_bytes[info.offset:info.offset + info.nbytes]).reshape(n_rows, -1)[np.asarray(rows)]
+    return _decoded(raw, info).reshape(len(rows), info.shape[0])
+
+
+def _decoded(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """Stored bytes (whole rows) as float32 values, flat."""
     name = info.ggml_type.name
     if name == "F32":
         values = raw.view("<f4").astype(np.float32)
@@ -42,9 +54,8 @@ def stored_values(file_bytes: ArtifactBytes, info: TensorInfo) -> np.ndarray:
     elif name == "BF16":
         values = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
     else:
-        rows = info.n_elements // info.shape[0]
-        values = reference.dequantize(raw.reshape(rows, -1), info.ggml_type)
-    return np.ascontiguousarray(values, dtype=np.float32).reshape(info.numpy_shape)
+        values = reference.dequantize(raw.reshape(-1, info.ggml_type.row_bytes(info.shape[0])), info.ggml_type)
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
 
 
 def _unpermuted(rows: np.ndarray, transform: RowTransform | None) -> np.ndarray:
@@ -84,6 +95,18 @@ class ArtifactCheckpoint:
         shape = pair.source.shape
         rows = stored.reshape(-1, shape[-1] if shape else 1)
         return {pair.source.name: _unpermuted(rows, pair.transform).reshape(shape)}
+
+    def read_rows(self, key: str, rows: Sequence[int]) -> Any:
+        """Only those rows dequantized, for a tensor stored as it is in the source (no rows reordered, not one
+        of several tensors stacked); anything else is decoded whole and the rows taken from it."""
+        import torch
+
+        pair = self.by_key.get(key)
+        if pair is None:
+            return self.source.read_rows(key, rows)
+        if isinstance(pair.source, DerivedTensor) or pair.transform is not None:
+            return torch.from_numpy(np.ascontiguousarray(self._undone(pair)[key][np.asarray(rows)]))
+        return torch.from_numpy(stored_rows(self.file_bytes, self.layout.tensor(pair.gguf_name), rows))
 
     def read(self, keys: Sequence[str]) -> dict[str, Any]:
         """The keys' tensors; a GGUF tensor that stands for several keys is dequantized once per read."""

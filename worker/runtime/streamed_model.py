@@ -39,6 +39,7 @@ SHARD_INDEX = "model.safetensors.index.json"
 # throughout. Every test fixture fits, so their gate 2 costs what it did. Part of the README's bound.
 RESIDENT_BYTES = 1 << 30
 STREAMED = "_convgate_streamed"  # set on a model whose weights are read for every forward pass (not kept)
+HEAD_CHUNK_BYTES = 64 << 20  # a streamed output head is applied this many float32 bytes of its weight at a time
 
 
 class Checkpoint(Protocol):
@@ -50,6 +51,11 @@ class Checkpoint(Protocol):
 
     def read(self, keys: Sequence[str]) -> dict[str, Any]:
         """The tensors, floating point ones as float32 (integer buffers keep their type)."""
+        ...
+
+    def read_rows(self, key: str, rows: Sequence[int]) -> Any:
+        """Rows `rows` (ascending, distinct) of a 2-D floating point tensor, as float32: exactly those rows
+        of `read([key])[key]`, without reading the others."""
         ...
 
 
@@ -104,6 +110,26 @@ class SafetensorsCheckpoint:
                 tensor = handles[self.files[key]].get_tensor(key)
                 out[key] = tensor.to(torch.float32) if tensor.is_floating_point() else tensor
         return out
+
+    def read_rows(self, key: str, rows: Sequence[int]) -> Any:
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[key]), framework="pt") as handle:
+            stored = handle.get_slice(key)
+            parts = [stored[start:stop] for start, stop in runs(rows)]  # one read per run of adjacent rows
+        return torch.cat(parts).to(torch.float32)
+
+
+def runs(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending distinct row numbers as [start, stop) ranges of adjacent rows."""
+    found: list[tuple[int, int]] = []
+    for row in rows:
+        if found and found[-1][1] == row:
+            found[-1] = (found[-1][0], row + 1)
+        else:
+            found.append((row, row + 1))
+    return found
 
 
 def source_checkpoint(source_dir: Path) -> SafetensorsCheckpoint | None:
@@ -287,11 +313,78 @@ class WeightStream:
         self.tied = dict(getattr(loading.model, "all_tied_weights_keys", {}) or {})
 
     def attach(self, model: Any) -> None:
+        by_rows = {} if self.keep else self._read_by_rows(model)
         for module_name, module in modules_with_parameters(model):
+            if id(module) in by_rows:
+                by_rows[id(module)](module)
+                continue
             names = [f"{module_name}.{local}" if module_name else local
                      for local, _ in module.named_parameters(recurse=False)]
             module.register_forward_pre_hook(self._loader(names))
             module.register_forward_hook(self._releaser())
+
+    def _single_key(self, name: str) -> str | None:
+        """The one checkpoint key a parameter is read from as it is stored (renamed at most), else None."""
+        keys = self.sources.get(name, [])
+        return keys[0] if len(keys) == 1 and self.loading.target[keys[0]] not in self.loading.converted else None
+
+    def _read_by_rows(self, model: Any) -> dict[int, Any]:
+        """The input embedding and the output head, read by rows instead of whole when streamed: the two
+        largest modules of a decoder (vocabulary x hidden: 2.1 GB in float32 at 70B), neither of which needs
+        all of its weight at once. The embedding reads only the rows of the tokens in the batch; the head is
+        applied HEAD_CHUNK_BYTES of its weight at a time (the same products: a logit is one row's dot
+        product, whichever other rows are computed beside it). Each gives the attach function for its module."""
+        import torch
+
+        names = {id(module): name for name, module in model.named_modules()}
+        chosen: dict[int, Any] = {}
+        with contextlib.suppress(NotImplementedError, AttributeError):
+            embedding = model.get_input_embeddings()
+            if isinstance(embedding, torch.nn.Embedding) and id(embedding) in names and \
+                    (key := self._single_key(f"{names[id(embedding)]}.weight".lstrip("."))) is not None:
+                chosen[id(embedding)] = lambda module, key=key: self._gather(module, key)
+        with contextlib.suppress(NotImplementedError, AttributeError):
+            head = model.get_output_embeddings()
+            if type(head) is torch.nn.Linear and head.bias is None and id(head) in names and \
+                    (key := self._single_key(f"{names[id(head)]}.weight".lstrip("."))) is not None:
+                chosen[id(head)] = lambda module, key=key: self._chunk(module, key)
+        return chosen
+
+    def _gather(self, module: Any, key: str) -> None:
+        """Before the embedding runs: its weight is the rows of the ids it is given, the ids renumbered into
+        them (a gather reads the same values either way); after, the placeholder again."""
+        import torch
+
+        placeholder = module._parameters["weight"]
+        padding = module.padding_idx  # only shapes gradients; a row number into the full table
+
+        def gather(owner: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            ids = args[0] if args else kwargs["input"]
+            unique, renumbered = torch.unique(ids, sorted=True, return_inverse=True)
+            rows = self.loading.checkpoint.read_rows(key, unique.tolist())
+            owner._parameters["weight"] = torch.nn.Parameter(rows, requires_grad=False)
+            owner.padding_idx = None
+            return ((renumbered, *args[1:]), kwargs) if args else (args, {**kwargs, "input": renumbered})
+
+        def release(owner: Any, _args: Any, _output: Any) -> None:
+            owner._parameters["weight"] = placeholder
+            owner.padding_idx = padding
+
+        module.register_forward_pre_hook(gather, with_kwargs=True)
+        module.register_forward_hook(release)
+
+    def _chunk(self, module: Any, key: str) -> None:
+        """The head's forward, one slice of its rows (vocabulary entries) read and applied at a time."""
+        import torch
+
+        checkpoint, vocabulary = self.loading.checkpoint, module.out_features
+        step = max(1, HEAD_CHUNK_BYTES // (4 * module.in_features))
+
+        def forward(hidden: Any) -> Any:
+            return torch.cat([torch.nn.functional.linear(hidden, checkpoint.read_rows(
+                key, range(start, min(vocabulary, start + step)))) for start in range(0, vocabulary, step)], dim=-1)
+
+        module.forward = forward
 
     def _loader(self, names: list[str]) -> Any:
         def load(module: Any, _args: Any) -> None:
