@@ -52,7 +52,7 @@ def per_key(counted: Counter[tuple[int, str]]) -> list[int]:
             for key in sorted(key for owner, key in counted if owner == reference)]
 
 
-@pytest.mark.parametrize(("fixture", "artifact"), [("smollm2", "smollm2-Q8_0.gguf"), ("minilm", "minilm-Q8_0.gguf")])
+@pytest.mark.parametrize(("fixture", "artifact"), [("smollm2", "smollm2-BF16.gguf"), ("minilm", "minilm-F16.gguf")])
 def test_eight_texts_read_each_weight_as_often_as_one(fixture: str, artifact: str, reads: Counter,
                                                        request: pytest.FixtureRequest) -> None:
     root: Path = request.getfixturevalue(fixture)

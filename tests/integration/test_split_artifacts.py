@@ -44,7 +44,7 @@ def test_an_honest_split_of_a_trained_model_is_go_on_every_gate(smollm2: Path, t
     assert [f.sha256 for f in report.files[:3]] == list(pinned)
     assert [f.uri.rsplit("/", 1)[-1] for f in report.files[:3]] == [shard.name for shard in shards]
     assert report.artifact is not None and report.artifact.sha256 == pinned[0]
-    checked = {row["name"] for row in report.gates["storage"].details["tensors"]}
+    checked = {row["gguf_name"] for row in report.gates["storage"].details["tensors"]}
     assert checked == {info.name for info in read_layout(single).tensors}
     assert [f["sha256"] for f in report.gates["release"].details["package"]] == list(pinned)
 

@@ -10,6 +10,7 @@ translated into `ReferenceMissingError` here, at the boundary.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -88,7 +89,9 @@ class HFModel:
         self.classifier = classifier
         self.streamed = streamed
         self.checkpoint = checkpoint
-        self._batched: dict[tuple[int, ...], np.ndarray] = {}  # prefetch's outputs, each taken once
+        # prefetch's outputs, each kept until taken as many times as it was asked for
+        self._batched: dict[tuple[int, ...], np.ndarray] = {}
+        self._takes: Counter[tuple[int, ...]] = Counter()
 
     @cached_property
     def model(self) -> Any:
@@ -133,10 +136,11 @@ class HFModel:
         head's logits: sequences x positions x vocabulary floats)."""
         if self.classifier or not getattr(self.model, STREAMED, False):
             return
-        todo = [list(ids) for ids in dict.fromkeys(tuple(ids) for ids in sequences)
-                if ids and tuple(ids) not in self._batched]
+        asked = Counter(tuple(ids) for ids in sequences if ids)
+        todo = [list(ids) for ids in asked if ids not in self._batched]
         if len(todo) < 2:
             return
+        self._takes.update(asked)
         torch = _torch()
         ids = torch.zeros((len(todo), max(map(len, todo))), dtype=torch.long)  # right-padded: positions stay 0..n-1
         mask = torch.zeros_like(ids)
@@ -149,6 +153,17 @@ class HFModel:
         for row, sequence in enumerate(todo):
             self._batched[tuple(sequence)] = values[row, :len(sequence)].double().numpy()
 
+    def _take(self, ids: list[int]) -> np.ndarray | None:
+        """A prefetched output, dropped once taken as often as it was asked for (a text may also be one
+        of the retrieval set's)."""
+        key = tuple(ids)
+        found = self._batched.get(key)
+        if found is not None:
+            self._takes[key] -= 1
+            if self._takes[key] <= 0:
+                del self._batched[key], self._takes[key]
+        return found
+
     def _forward(self, ids: list[int]) -> Any:
         torch = _torch()
         with torch.inference_mode():
@@ -157,7 +172,7 @@ class HFModel:
 
     def embed(self, ids: list[int], pooling: Pooling) -> np.ndarray:
         """Pooled, unnormalised sentence embedding of one unpadded sequence."""
-        hidden = self._batched.pop(tuple(ids), None)
+        hidden = self._take(ids)
         if hidden is None:
             hidden = self._forward(ids).last_hidden_state[0].double().numpy()
         if pooling == "mean":
@@ -167,6 +182,6 @@ class HFModel:
     def logits(self, ids: list[int]) -> np.ndarray:
         """The head's logits: per position for a causal LM, per sequence for a classifier (a reranker's
         relevance score)."""
-        if not self.classifier and (batched := self._batched.pop(tuple(ids), None)) is not None:
+        if not self.classifier and (batched := self._take(ids)) is not None:
             return batched
         return self._forward(ids).logits[0].double().numpy()
