@@ -20,6 +20,7 @@ from tests.gguf_split_writer import resplit, write_groups
 from worker.digests import sha256_file
 from worker.formats.artifact_files import read_artifact
 from worker.formats.gguf_structure import read_layout
+from worker.summary import render_summary
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +48,8 @@ def test_an_honest_split_of_a_trained_model_is_go_on_every_gate(smollm2: Path, t
     checked = {row["gguf_name"] for row in report.gates["storage"].details["tensors"]}
     assert checked == {info.name for info in read_layout(single).tensors}
     assert [f["sha256"] for f in report.gates["release"].details["package"]] == list(pinned)
+    summary = render_summary(report)
+    assert all(f"{shard.name}  sha256 {sha}" in summary for shard, sha in zip(shards[1:], pinned[1:], strict=True))
 
 
 def test_the_union_layout_reads_the_same_bytes_as_the_single_file(tiny_llama: Path, llama_split: list[Path]) -> None:
