@@ -114,7 +114,9 @@ async def list_verifications(
     until: Moment | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=256)] = None,
-) -> VerificationList:
+) -> Response:
+    """The auditor's query: one pool-thread call reads the page, commits its access-log row and renders the
+    JSON (returning the model would have FastAPI validate every item again on the loop)."""
     if principal.role in OWN_ONLY:
         submitted_by = principal.name
     filters = repository.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
@@ -123,13 +125,14 @@ async def list_verifications(
 
 
 def _list_page(request: Request, session: Session, principal: Principal, filters: repository.ListFilters,
-               limit: int, cursor: str | None) -> VerificationList:
+               limit: int, cursor: str | None) -> Response:
     """The page and its access-log entry, committed here: one pool-thread call for the whole request."""
     rows, next_cursor = repository.list_verifications(session, filters, limit=limit, cursor=cursor)
     access_log.record(session, request, principal, "list_verifications")
     items = [verifications.to_out(session, row, with_blockers=False) for row in rows]
     session.commit()
-    return VerificationList(items=items, next_cursor=next_cursor)
+    page = VerificationList(items=items, next_cursor=next_cursor)
+    return Response(page.model_dump_json().encode(), media_type="application/json")
 
 
 def _served_report(verification: Verification, report: dict[str, Any]) -> dict[str, Any]:
