@@ -10,6 +10,24 @@ import gguf
 import numpy as np
 
 
+def copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> None:
+    """Every key/value pair of `reader`'s file but the architecture (the writer's own) and the header's."""
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+
+
+def finish(writer: gguf.GGUFWriter) -> None:
+    """Write what was added (every shard, for a split writer) and close."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def resplit(src: Path, dst: Path, shards: int) -> list[Path]:
     """`src` re-written as `shards` shards by gguf-py: every key/value pair and every tensor's bytes copied."""
     reader = gguf.GGUFReader(src)
@@ -17,19 +35,11 @@ def resplit(src: Path, dst: Path, shards: int) -> list[Path]:
     assert arch is not None
     writer = gguf.GGUFWriter(dst, str(arch.contents()),
                              split_max_tensors=math.ceil(len(reader.tensors) / shards))
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    copy_metadata(reader, writer)
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
     names = writer.format_shard_names(dst)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return names
 
 
@@ -46,20 +56,12 @@ def write_groups(src: Path, dst: Path, groups: list[list[str]], *, total: int | 
     for number, (path, names) in enumerate(zip(paths, groups, strict=True)):
         writer = gguf.GGUFWriter(path, str(arch.contents()))
         if number == 0:
-            for field in reader.fields.values():
-                if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-                    continue
-                value_type = field.types[0]
-                sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-                writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+            copy_metadata(reader, writer)
         writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, number)
         writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, count)
         writer.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT,
                          total if total is not None else len({name for group in groups for name in group}))
         for name in names:
             writer.add_tensor(name, np.array(by_name[name].data), raw_dtype=by_name[name].tensor_type)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        finish(writer)
     return paths

@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.gguf_split_writer import resplit
+from tests.gguf_split_writer import finish, resplit
 from worker.errors import UsageError
 from worker.formats.gguf_split import (
     SplitArtifact,
@@ -45,10 +45,7 @@ def write_split(path: Path, data: Mapping[str, np.ndarray], per_shard: int = 2,
     for name, array in data.items():
         writer.add_tensor(name, array)
     shards = writer.format_shard_names(path)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return shards
 
 
@@ -64,10 +61,7 @@ def write_shard(path: Path, data: Mapping[str, np.ndarray], *, no: int, count: i
         writer.add_string(key, value)
     for name, array in data.items():
         writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return path
 
 
