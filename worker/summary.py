@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
-from urllib.parse import urlsplit
-
 from worker.blockers import safe_text
-from worker.formats.gguf_split import shard_name
+from worker.formats.artifact_files import other_shard_names, uri_name
 from worker.report import FileDigest, Report
 
 MAX_BLOCKERS_SHOWN = 20
@@ -107,11 +104,8 @@ def _controls_line(report: Report) -> str:
 
 def _other_shards(report: Report) -> list[FileDigest]:
     """A split artifact's shards after the first: the report's files right after it, named as its siblings."""
-    first = shard_name(PurePosixPath(urlsplit(report.artifact.uri).path)) if report.artifact else None
-    if first is None or first.count < 2:
-        return []
-    siblings = {first.sibling(number) for number in range(2, first.count + 1)}
-    return [f for f in report.files[1:first.count] if PurePosixPath(urlsplit(f.uri).path).name in siblings]
+    siblings = other_shard_names(report.artifact.uri) if report.artifact else frozenset()
+    return [f for f in report.files[1:len(siblings) + 1] if uri_name(f.uri) in siblings]
 
 
 def render_summary(report: Report) -> str:
@@ -120,7 +114,7 @@ def render_summary(report: Report) -> str:
         lines.append(f"artifact  {report.artifact.uri}")
         lines.append(f"          sha256 {report.artifact.sha256}  {report.artifact.size:,} bytes")
         for shard in _other_shards(report):
-            lines.append(f"          {PurePosixPath(urlsplit(shard.uri).path).name}  sha256 {shard.sha256}  "
+            lines.append(f"          {uri_name(shard.uri)}  sha256 {shard.sha256}  "
                          f"{shard.size:,} bytes")
     lines.append(f"policy    {report.policy['values']['version']}  sha256 {report.policy['sha256'][:16]}…")
     for name, gate in report.gates.items():

@@ -4,7 +4,7 @@ convgate's own predicate (`statement.py`) carries everything an auditor re-check
 a policy engine or a registry asks of any verifier, in the shape SLSA defines for "a verifier checked
 this artifact against this policy": who verified (`verifier.id`, versions), when, which resource, the
 policy (a URI and its sha256: the policy's canonical hash, as in every report), the result and the
-levels verified. Its subjects are the artifact alone (every shard, once split artifacts exist): a VSA
+levels verified. Its subjects are the artifact alone (every shard of a split): a VSA
 answers for the thing being admitted, while the source's files stay in convgate's own statement.
 
 `verifiedLevels` names the gates that ran and passed (`CONVGATE_STORAGE_V1`, `…_RUNTIME_V1`,
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from service.attestations.statement import NOT_RECORDED, Attested, Digest, Subject, _Strict, statement_json
+from worker.formats.artifact_files import other_shard_names, uri_name
 
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 VERIFIER_ID = "https://convgate.dev/verifier/v1"
@@ -84,7 +85,14 @@ def build_vsa(attested: Attested) -> VsaStatement:
         inputAttestations=[], verificationResult="PASSED" if passed else "FAILED", verifiedLevels=levels)
     return VsaStatement.model_validate({
         "_type": "https://in-toto.io/Statement/v1", "predicateType": VSA_PREDICATE_TYPE, "predicate": predicate,
-        "subject": [Subject(name=artifact["uri"], digest=Digest(sha256=artifact["sha256"]))]})
+        "subject": [Subject(name=entry["uri"], digest=Digest(sha256=entry["sha256"]))
+                    for entry in (artifact, *_other_shards(artifact["uri"], report.get("files") or []))]})
+
+
+def _other_shards(first_uri: str, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A split artifact's other shards: the report's files right after the first, named as its siblings."""
+    siblings = other_shard_names(first_uri)
+    return [entry for entry in files[1:len(siblings) + 1] if uri_name(entry["uri"]) in siblings]
 
 
 def vsa_payload(statement: VsaStatement) -> bytes:

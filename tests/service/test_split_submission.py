@@ -39,8 +39,8 @@ def body(shards: list[Path], **changes: object) -> dict:
             "artifact_sha256": digests[0], "artifact_shard_sha256": digests, "texts": TEXTS, **changes}
 
 
-def run(url: str, tmp_path: Path, shards: list[Path], **changes: object) -> tuple[dict, dict]:
-    """Submit, run the worker once, and return (the report, the attestation's statement)."""
+def run(url: str, tmp_path: Path, shards: list[Path], **changes: object) -> tuple[dict, dict, dict]:
+    """Submit, run the worker once, and return (the report, the attestation's statement, the VSA's)."""
     roots = (fixtures_root(), shards[0].parent)
     settings = settings_for(url, tmp_path, dispatcher="none", file_roots=roots)
     app = create_app(settings, run_dispatcher=False)
@@ -56,7 +56,9 @@ def run(url: str, tmp_path: Path, shards: list[Path], **changes: object) -> tupl
         read = {"Authorization": f"Bearer {auditor}"}
         report = api.get(f"/v1/verifications/{verification_id}/report", headers=read).json()
         envelope = api.get(f"/v1/verifications/{verification_id}/attestation", headers=read).json()
-    return report, json.loads(base64.b64decode(envelope["payload"]))
+        vsa = api.get(f"/v1/verifications/{verification_id}/attestation", params={"predicate": "vsa"},
+                      headers=read).json()
+    return report, *(json.loads(base64.b64decode(signed["payload"])) for signed in (envelope, vsa))
 
 
 @pytest.mark.slow
@@ -65,7 +67,7 @@ def test_a_three_shard_split_of_a_trained_model_is_go_through_the_api(database: 
                                                                      tmp_path: Path,
                                                                      request: pytest.FixtureRequest) -> None:
     url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg")
-    report, statement = run(url, tmp_path, smollm2_split)
+    report, statement, vsa = run(url, tmp_path, smollm2_split)
     assert report["verdict"] == "GO", report["blockers"]
     assert set(report["gates"]) == {"storage", "runtime", "release"}
     digests = [sha256_file(shard) for shard in smollm2_split]
@@ -73,6 +75,9 @@ def test_a_three_shard_split_of_a_trained_model_is_go_through_the_api(database: 
     subjects = {s["name"].rsplit("/", 1)[-1]: s["digest"]["sha256"] for s in statement["subject"]}
     assert {shard.name: subjects[shard.name] for shard in smollm2_split} == dict(
         zip([shard.name for shard in smollm2_split], digests, strict=True))
+    assert [(s["name"].rsplit("/", 1)[-1], s["digest"]["sha256"]) for s in vsa["subject"]] == list(
+        zip([shard.name for shard in smollm2_split], digests, strict=True))  # the artifact alone: every shard
+    assert vsa["predicate"]["verificationResult"] == "PASSED"
 
 
 @pytest.mark.slow
@@ -86,7 +91,7 @@ def test_a_tampered_shard_is_no_go_naming_it(sqlite_url: str, smollm2_split: lis
     raw = bytearray(shards[1].read_bytes())
     raw[len(raw) // 2] ^= 0x01
     shards[1].write_bytes(bytes(raw))
-    report, statement = run(sqlite_url, tmp_path, shards, artifact_shard_sha256=pinned)
+    report, statement, _ = run(sqlite_url, tmp_path, shards, artifact_shard_sha256=pinned)
     assert report["verdict"] == "NO-GO"
     assert [(b["code"], b["why"].split(" sha256")[0]) for b in report["blockers"]] == [
         ("artifact.sha256_mismatch", "shard 2")]

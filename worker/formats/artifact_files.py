@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from worker.blockers import Blocker
-from worker.formats.gguf_split import SPLIT_KEYS, SplitArtifact, discover_shards, read_split, shard_name
+from worker.formats.gguf_split import MAX_SHARDS, SPLIT_KEYS, SplitArtifact, discover_shards, read_split, shard_name
 from worker.formats.gguf_structure import GGUFLayout, GGUFStructureError, read_layout
 
 
@@ -148,8 +148,20 @@ def sibling_uri(uri: str, name: str) -> str:
 
 
 def split_shard_uris(first_uri: str, count: int) -> list[str]:
-    """The URIs of shards 2..`count` of the split whose first shard is at `first_uri` (none for one file)."""
+    """The URIs of shards 2..`count` of the split whose first shard is at `first_uri` (none for one file;
+    never more than its name says it has)."""
     name = shard_name(PurePosixPath(urlsplit(first_uri).path))
     if count < 2 or name is None:
         return []
-    return [sibling_uri(first_uri, name.sibling(number)) for number in range(2, count + 1)]
+    return [sibling_uri(first_uri, name.sibling(number)) for number in range(2, min(count, name.count) + 1)]
+
+
+def uri_name(uri: str) -> str:
+    """The last path segment of a URI (its query and fragment dropped)."""
+    return PurePosixPath(urlsplit(uri).path).name
+
+
+def other_shard_names(first_uri: str) -> frozenset[str]:
+    """The file names of shards 2..n of the split whose first shard is at `first_uri` (none for one file):
+    how a report's file list, which holds the artifact's shards right after it, is read back."""
+    return frozenset(uri_name(uri) for uri in split_shard_uris(first_uri, MAX_SHARDS))
