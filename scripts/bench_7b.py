@@ -230,6 +230,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="a 2-layer, 256-wide model")
     parser.add_argument("--verify", default="F16,Q4_K_M,split",
                         help="which artifacts to verify (all are made): F16, Q4_K_M, split")
+    parser.add_argument("--low-disk", action="store_true",
+                        help="delete the source while quantizing and build it again (peak: source + F16)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     chosen = set(args.verify.split(","))
@@ -245,19 +247,25 @@ def main() -> None:
     made: dict[str, float] = {}
     runs = []
     try:
-        # built in a child: torch in this process would count in every later child's peak
-        made["build the BF16 source"], out = timed("build the BF16 source", lambda: subprocess.check_output(
-            [sys.executable, __file__, "--build", str(source), str(args.fixtures / "tiny-llama" / "source"),
-             json.dumps(shapes)], text=True))
-        params = int(str(out).split()[-1])
+        def build() -> int:  # in a child: torch in this process would count in every later child's peak
+            return int(subprocess.check_output(
+                [sys.executable, __file__, "--build", str(source), str(args.fixtures / "tiny-llama" / "source"),
+                 json.dumps(shapes)], text=True).split()[-1])
+
+        made["build the BF16 source"], params = timed("build the BF16 source", build)
         tree = llama_cpp_tree(args.fixtures)
         made["convert F16"], f16 = timed("convert F16", lambda: convert(tree, source, "f16",
                                                                           workdir / f"{source.name}-F16.gguf"))
         if "F16" in chosen:
             runs.append(verify(source, Path(str(f16)), []))
+        source_gb = sum(path.stat().st_size for path in source.glob("*.safetensors")) / 1e9
+        if args.low_disk:  # the seeded source is made again, identical, once the F16 is gone
+            shutil.rmtree(source)
         made["quantize Q4_K_M"], q4 = timed("quantize Q4_K_M", lambda: quantize(
             Path(str(f16)), "Q4_K_M", workdir / f"{source.name}-Q4_K_M.gguf"))
         Path(str(f16)).unlink()  # the disk: BF16 source, F16 and Q4_K_M at once is the peak
+        if not source.exists():
+            timed("build the BF16 source again", build)
         if "Q4_K_M" in chosen:
             runs.append(verify(source, Path(str(q4)), []))
         (workdir / "split").mkdir(exist_ok=True)
@@ -266,7 +274,6 @@ def main() -> None:
         shard_list = list(shards)  # type: ignore[call-overload]
         if "split" in chosen:
             runs.append(verify(source, shard_list[0], [sha256_file(shard) for shard in shard_list]))
-        source_gb = sum(path.stat().st_size for path in source.glob("*.safetensors")) / 1e9
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
