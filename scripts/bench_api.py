@@ -90,8 +90,9 @@ def wrk(pid: int, url: str, path: str, script: str, seconds: float, connections:
         handle.write(script + REPORT)
     try:
         before = cpu_seconds(pid)
-        out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s",
-                              handle.name, url + path], check=True, capture_output=True, text=True).stdout
+        command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s",
+                   handle.name, url + path]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         used = cpu_seconds(pid) - before
     finally:
         os.unlink(handle.name)
