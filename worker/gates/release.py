@@ -123,7 +123,8 @@ def run_release_gate(
     details: dict = {}
     # the artifact's every file (a split's every shard) read again, as published: the bytes gates 1 and 2 saw
     paths = artifact_paths(artifact)
-    files = [digest_file(path, measured.uri) for path, measured in zip(paths, measured_files, strict=True)]
+    reread = [digest_file(path, measured.uri) for path, measured in zip(paths, measured_files, strict=True)]
+    files = list(reread)
     blockers: list[Blocker] = []
     for path in package:
         try:
@@ -131,7 +132,7 @@ def run_release_gate(
         except OSError as exc:
             blockers.append(Blocker(code="release.missing_file", gate="release", why=f"{path}: {exc.strerror}"))
     details["package"] = [f.model_dump() for f in files]
-    changed = [found for path, now, then in zip(paths, files, measured_files, strict=True)
+    changed = [found for path, now, then in zip(paths, reread, measured_files, strict=True)
                if (found := digest_changed(now.sha256, then.sha256, path.name))]
     if changed:
         blockers.extend(changed)
