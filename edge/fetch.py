@@ -17,7 +17,7 @@ from edge.hub import Hub, fetch_hf_file, fetch_hf_snapshot
 from edge.redact import redact_uri
 from edge.store import ContentStore
 from edge.uri_policy import HF_URI, UriRefusedError
-from worker.formats.artifact_files import sibling_uri
+from worker.formats.artifact_files import split_shard_uris
 from worker.formats.gguf_split import shard_name
 
 
@@ -100,8 +100,8 @@ def fetch_split_artifact(uri: str, shard_sha256: tuple[str, ...], store: Content
     if name is None or name.number != 1 or name.count != count:
         raise FetchError("artifact.split_index_mismatch",
                          f"{redact_uri(uri)} does not name the first of {count} shards (-00001-of-{count:05d}.gguf)")
+    uris = [uri, *split_shard_uris(uri, count)]
     names = [name.sibling(number) for number in range(1, count + 1)]
-    uris = [sibling_uri(uri, shard) for shard in names]
     if _scheme(uri) in ("", "file"):
         paths = [local_file(shard_uri, policy, must_exist=False) for shard_uri in uris]
     else:

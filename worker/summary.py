@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from worker.blockers import safe_text
-from worker.formats.artifact_files import other_shard_names, uri_name
+from worker.formats.artifact_files import other_shards_in, uri_name
 from worker.report import FileDigest, Report
 
 MAX_BLOCKERS_SHOWN = 20
@@ -104,8 +104,10 @@ def _controls_line(report: Report) -> str:
 
 def _other_shards(report: Report) -> list[FileDigest]:
     """A split artifact's shards after the first: the report's files right after it, named as its siblings."""
-    siblings = other_shard_names(report.artifact.uri) if report.artifact else frozenset()
-    return [f for f in report.files[1:len(siblings) + 1] if uri_name(f.uri) in siblings]
+    if report.artifact is None:
+        return []
+    after = report.files[1:]
+    return [after[position] for position in other_shards_in(report.artifact.uri, [f.uri for f in after])]
 
 
 def render_summary(report: Report) -> str:

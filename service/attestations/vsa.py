@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from service.attestations.statement import NOT_RECORDED, Attested, Digest, Subject, _Strict, statement_json
-from worker.formats.artifact_files import other_shard_names, uri_name
+from worker.formats.artifact_files import other_shards_in
 
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 VERIFIER_ID = "https://convgate.dev/verifier/v1"
@@ -91,8 +91,8 @@ def build_vsa(attested: Attested) -> VsaStatement:
 
 def _other_shards(first_uri: str, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A split artifact's other shards: the report's files right after the first, named as its siblings."""
-    siblings = other_shard_names(first_uri)
-    return [entry for entry in files[1:len(siblings) + 1] if uri_name(entry["uri"]) in siblings]
+    after = files[1:]
+    return [after[position] for position in other_shards_in(first_uri, [entry["uri"] for entry in after])]
 
 
 def vsa_payload(statement: VsaStatement) -> bytes:

@@ -34,10 +34,6 @@ def artifact_paths(first: Path) -> tuple[Path, ...]:
     return discover_shards(first) if name is not None and name.count > 1 else (first,)
 
 
-def is_split(first: Path) -> bool:
-    return len(artifact_paths(first)) > 1
-
-
 def _bases(layouts: Sequence[GGUFLayout]) -> list[int]:
     """Where each shard starts in the artifact's one byte space."""
     bases, end = [], 0
@@ -161,7 +157,8 @@ def uri_name(uri: str) -> str:
     return PurePosixPath(urlsplit(uri).path).name
 
 
-def other_shard_names(first_uri: str) -> frozenset[str]:
-    """The file names of shards 2..n of the split whose first shard is at `first_uri` (none for one file):
-    how a report's file list, which holds the artifact's shards right after it, is read back."""
-    return frozenset(uri_name(uri) for uri in split_shard_uris(first_uri, MAX_SHARDS))
+def other_shards_in(first_uri: str, uris: Sequence[str]) -> list[int]:
+    """Where shards 2..n of the split whose first shard is at `first_uri` are in `uris`: a report's files
+    after the artifact, which the engine lists first (none for one file)."""
+    siblings = {uri_name(uri) for uri in split_shard_uris(first_uri, MAX_SHARDS)}
+    return [position for position, uri in enumerate(uris[:len(siblings)]) if uri_name(uri) in siblings]
