@@ -17,15 +17,9 @@ import pytest
 from tests.conftest import REPO
 from worker.errors import SourceError
 from worker.runtime import streamed_model as streamed_module
+from worker.runtime.checkpoints import SafetensorsCheckpoint, checkpoint_index
 from worker.runtime.hf_reference import HFModel
-from worker.runtime.streamed_model import (
-    Loading,
-    SafetensorsCheckpoint,
-    checkpoint_index,
-    load_persistent_buffers,
-    materialized_parameters,
-    streamed_model,
-)
+from worker.runtime.streamed_model import Loading, load_persistent_buffers, materialized_parameters, streamed_model
 
 pytestmark = pytest.mark.slow
 

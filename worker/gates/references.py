@@ -15,8 +15,8 @@ from worker.formats.source import SourceModel
 from worker.gates.architectures import architecture_for
 from worker.gates.inventory import take_inventory
 from worker.runtime.artifact_weights import ArtifactCheckpoint
+from worker.runtime.checkpoints import source_checkpoint
 from worker.runtime.hf_reference import HFModel
-from worker.runtime.streamed_model import source_checkpoint
 
 
 def references(artifact: Path, layout: GGUFLayout, source: SourceModel,

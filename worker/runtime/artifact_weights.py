@@ -28,7 +28,7 @@ from worker.gates.architectures import RowTransform
 from worker.gates.architectures.derived import DerivedTensor
 from worker.gates.inventory import Pairing
 from worker.quant import reference
-from worker.runtime.streamed_model import SafetensorsCheckpoint
+from worker.runtime.checkpoints import SafetensorsCheckpoint
 
 
 def stored_values(file_bytes: ArtifactBytes, info: TensorInfo) -> np.ndarray:

@@ -21,8 +21,9 @@ import numpy as np
 from worker.errors import ReferenceMissingError, SourceError
 from worker.formats.json_input import parse_json
 from worker.resources import cpu_budget, limit_native_threads
+from worker.runtime.checkpoints import Checkpoint
 from worker.runtime.sentence_config import Pooling
-from worker.runtime.streamed_model import STREAMED, Checkpoint, streamed_model
+from worker.runtime.streamed_model import STREAMED, streamed_model
 from worker.versions import package_version
 
 
