@@ -18,13 +18,14 @@ from sqlalchemy.orm import Session
 
 from service.api import access_log, exports
 from service.api.deps import Principal, SessionDep, SettingsDep
-from service.api.pages_html import document, esc, model_cell, page_principal
+from service.api.pages_html import message_page, page_principal
 from service.attestations import KeyFileError, attestation_for
 from service.persistence import repository
 from service.persistence.cursors import InvalidCursorError
 from service.persistence.models import Verification
 from service.report_render import to_html
 from service.schemas import UUID_PATTERN
+from service.templating import render
 
 router = APIRouter(prefix="/ui")
 PAGE = "/ui/auditor"
@@ -77,48 +78,8 @@ def parse_search(values: dict[str, str]) -> tuple[repository.ListFilters, list[s
     return filters, errors
 
 
-def _search_form(values: dict[str, str]) -> str:
-    def text(name: str, label: str, width: str, kind: str = "text") -> str:
-        return (f"<label>{label}<input type='{kind}' name='{name}' value='{esc(values.get(name, ''))}' "
-                f"style='width:{width}'></label>")
-    options = "".join(f"<option value='{v}'{' selected' if values.get('verdict') == v else ''}>{v or 'any'}</option>"
-                      for v in ("", "GO", "NO-GO"))
-    return ("<form id='search' class='search' method='get' action='/ui/auditor'>"
-            + text("artifact_sha256", "artifact sha256", "34rem") + text("source_uri", "source", "18rem")
-            + f"<label>verdict<select name='verdict'>{options}</select></label>"
-            + text("since", "since (UTC)", "13rem", "datetime-local") + text("until", "until (UTC)", "13rem",
-                                                                             "datetime-local")
-            + text("policy", "policy", "8rem") + "<button type='submit'>Search</button></form>")
-
-
-def _result_row(v: Verification) -> str:
-    links = ""
-    if v.verdict_result:
-        base = esc(f"/ui/verifications/{v.id}")
-        links = (f"<a class='report' href='{base}/report'>report</a> · "
-                 f"<a class='attestation' href='{base}/attestation' download>attestation</a>")
-    outcome = esc(v.verdict_result or v.state)
-    return (f"<tr data-id='{esc(v.id)}'><td>{esc(repository.as_utc(v.created_at).strftime('%Y-%m-%d %H:%M:%S'))}"
-            f"</td><td title='{esc(v.id)}'>{esc(v.id[:8])}</td>{model_cell(v.artifact_uri, v.source_uri)}"
-            f"<td title='{esc(v.artifact_sha256)}'><code>{esc(v.artifact_sha256[:12])}…</code></td>"
-            f"<td>{esc(v.submitted_by)}</td><td class='{outcome}'>{outcome}</td>"
-            f"<td>{esc(v.policy_origin)}</td><td>{links}</td></tr>")
-
-
 def _link(path: str, query: str, extra: dict[str, str]) -> str:
-    return esc(f"{path}?{query}{'&' if query else ''}{urlencode(extra)}")
-
-
-def _results(rows: list[Verification], query: str, next_cursor: str | None) -> str:
-    head = "".join(f"<th>{h}</th>" for h in ("submitted (UTC)", "id", "model", "artifact sha256", "submitter",
-                                             "outcome", "policy", ""))
-    more = (f"<p><a class='next' href='{_link(PAGE, query, {'cursor': next_cursor})}'>older results</a></p>"
-            if next_cursor else "")
-    exported = " ".join(f"<a class='export-{fmt}' href='{_link('/ui/export', query, {'format': fmt})}' download>"
-                        f"{label}</a>" for fmt, label in (("csv", "CSV"), ("jsonl", "JSON Lines")))
-    return (f"<p>Export every matching verdict: {exported}</p>"
-            f"<table id='results'><thead><tr>{head}</tr></thead><tbody>"
-            + "".join(_result_row(row) for row in rows) + f"</tbody></table>{more}")
+    return f"{path}?{query}{'&' if query else ''}{urlencode(extra)}"
 
 
 def _search_query(values: dict[str, str]) -> str:
@@ -144,16 +105,13 @@ def auditor_page(request: Request, session: SessionDep, artifact_sha256: SearchT
             rows, next_cursor = repository.list_verifications(session, filters, limit=PAGE_ROWS, cursor=cursor)
         except InvalidCursorError:
             errors.append("the page link is not one this service made: search again")
-    body = (f"<h1>convgate — verdicts</h1>{_search_form(values)}"
-            + "".join(f"<p class='error'>{esc(error)}</p>" for error in errors)
-            + ("" if errors else _results(rows, _search_query(values), next_cursor)))
     if not errors:
         access_log.record(session, request, principal, "list_verifications")
-    return HTMLResponse(document("convgate verdicts", body), status_code=400 if errors else 200)
-
-
-def _message(text: str, status_code: int) -> HTMLResponse:
-    return HTMLResponse(document("convgate", f"<p class='error'>{esc(text)}</p>"), status_code=status_code)
+    query = _search_query(values)
+    page = render("auditor.html", title="convgate verdicts", values=values, errors=errors, rows=rows,
+                  export_links={fmt: _link("/ui/export", query, {"format": fmt}) for fmt in ("csv", "jsonl")},
+                  next_link=_link(PAGE, query, {"cursor": next_cursor}) if next_cursor else None)
+    return HTMLResponse(page, status_code=400 if errors else 200)
 
 
 def _verdict_or_page(request: Request, session: Session,
@@ -163,7 +121,7 @@ def _verdict_or_page(request: Request, session: Session,
         return principal
     verification = repository.get_verification(session, verification_id)
     if verification is None or verification.verdict_result is None:
-        return _message("no such verification, or no verdict yet", 404)
+        return message_page("no such verification, or no verdict yet", 404)
     return principal, verification
 
 
@@ -177,7 +135,7 @@ def report_page(verification_id: VerificationId, request: Request, session: Sess
     principal, verification = found
     verdict = repository.verdict_for(session, verification.id)
     if verdict is None:
-        return _message("no verdict yet", 404)
+        return message_page("no verdict yet", 404)
     access_log.record(session, request, principal, "read_report", verification.id)
     return HTMLResponse(to_html(verification.id, verdict.report, verification.policy_origin))
 
@@ -195,9 +153,9 @@ def attestation_download(verification_id: VerificationId, request: Request, sess
     try:
         envelope = attestation_for(session, settings, verification)
     except KeyFileError as exc:
-        return _message(f"attestation signing key: {exc}", 503)
+        return message_page(f"attestation signing key: {exc}", 503)
     if envelope is None:
-        return _message("no verdict yet", 404)
+        return message_page("no verdict yet", 404)
     access_log.record(session, request, principal, "read_attestation", verification.id)
     return Response(json.dumps(envelope, separators=(",", ":")), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="{verification.id}.intoto.jsonl"'})
@@ -217,5 +175,5 @@ def export_download(request: Request, session: SessionDep, settings: SettingsDep
     filters, errors = parse_search({"artifact_sha256": artifact_sha256, "source_uri": source_uri,
                                     "verdict": verdict, "since": since, "until": until, "policy": policy})
     if errors:
-        return _message("; ".join(errors), 400)
+        return message_page("; ".join(errors), 400)
     return exports.stream_export(request, session, settings, principal, filters, format, with_attestation=False)

@@ -26,22 +26,13 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import UI_COOKIE, Principal, SessionDep, SettingsDep, principal_for, require_ui
 from service.api.endpoints import queue_snapshot
-from service.api.pages_html import (
-    PAGES,
-    document,
-    duration,
-    esc,
-    login_page,
-    model_cell,
-    page_principal,
-    safe_next,
-)
+from service.api.pages_html import PAGES, login_page, page_principal, safe_next
 from service.api.ui_sessions import SESSION_SECONDS
 from service.attestations import KeyFileError
 from service.auth import OPERATE
 from service.persistence.recent import recent_finished
 from service.persistence.repository import as_utc
-from service.schemas import QueueItem, QueueOut
+from service.templating import render
 
 router = APIRouter(prefix="/ui")
 MAX_FORM_BYTES = 4096
@@ -50,29 +41,6 @@ ACTIVE_HEAD = ("id", "model", "submitter", "state", "attempt", "waited", "ran", 
                "failed", "last reason")
 FINISHED_HEAD = ("id", "model", "submitter", "finished", "outcome", "first blocker", "reason", "waited", "ran",
                  "report")
-REFRESH = """<script>
-setInterval(async () => {
-  const response = await fetch("/ui/queue/table", {credentials: "same-origin"});
-  if (response.ok) document.getElementById("queue").innerHTML = await response.text();
-}, 2000);
-</script>"""
-
-
-def _kueue(status: str | None, position: int | None) -> str:
-    """The status and, while Kueue reports one, the position: `pending admission #3`."""
-    return " ".join(part for part in (status, None if position is None else f"#{position}") if part)
-
-
-def _active_row(item: QueueItem) -> str:
-    progress = item.progress or {}
-    done, total = progress.get("done", 0), progress.get("total", 0) or 1
-    bar = f"<progress value='{esc(done)}' max='{esc(total)}'></progress> {esc(progress.get('stage', ''))}"
-    state = esc(item.state)
-    return (f"<tr><td title='{esc(item.id)}'>{esc(item.id[:8])}</td>{model_cell(item.artifact_uri, item.source_uri)}"
-            f"<td>{esc(item.submitted_by)}</td><td class='{state}'>{state}</td><td>{item.attempt}</td>"
-            f"<td>{duration(item.wait_seconds)}</td><td>{duration(item.run_seconds)}</td>"
-            f"<td>{bar if progress else ''}</td><td>{esc(_kueue(item.cluster_status, item.queue_position))}</td>"
-            f"<td>{esc(item.worker)}</td><td>{item.failed_attempts}</td><td>{esc(item.reason)}</td></tr>")
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -81,41 +49,20 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return (as_utc(end) - as_utc(start)).total_seconds()
 
 
-def _finished_row(row: Row[Any], moment: datetime) -> str:
-    """A verdict links to its report; a run without one shows why it ended instead."""
-    outcome = esc(row.verdict_result or row.state)
-    link = esc(f"/ui/verifications/{row.id}/report")
-    ident = f"<a href='{link}'>{esc(row.id[:8])}</a>" if row.verdict_result else esc(row.id[:8])
-    report = f"<a class='report' href='{link}'>report</a>" if row.verdict_result else ""
-    ago = _seconds(row.finished_at, moment)
-    return (f"<tr><td title='{esc(row.id)}'>{ident}</td>{model_cell(row.artifact_uri, row.source_uri)}"
-            f"<td>{esc(row.submitted_by)}</td><td>{duration(ago)}{'' if ago is None else ' ago'}</td>"
-            f"<td class='{outcome}'>{outcome}</td><td><code>{esc(row.first_blocker)}</code></td>"
-            f"<td>{'' if row.verdict_result else esc(row.reason)}</td>"
-            f"<td>{duration(_seconds(row.created_at, row.started_at))}</td>"
-            f"<td>{duration(_seconds(row.started_at, row.finished_at))}</td><td>{report}</td></tr>")
+def _finished(row: Row[Any], moment: datetime) -> dict[str, Any]:
+    """A finished row with its times as durations: how long ago, how long it waited and ran."""
+    return {**row._asdict(), "ago": _seconds(row.finished_at, moment),
+            "waited": _seconds(row.created_at, row.started_at), "ran": _seconds(row.started_at, row.finished_at)}
 
 
-def _table(ident: str, head: tuple[str, ...], rows: list[str]) -> str:
-    return (f"<table id='{ident}'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
-            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-
-
-def render_table(queue: QueueOut, finished: list[Row[Any]] | None = None) -> str:
-    """The snapshot the page refreshes in place: counts, active work, then the latest finished."""
-    counts = "".join(f"<span>{esc(state)}: <b>{n}</b></span>" for state, n in sorted(queue.counts.items()))
-    oldest = (f"oldest waiting: {queue.oldest_waiting.id[:8]} for {queue.oldest_waiting.age_seconds:.0f}s"
-              if queue.oldest_waiting else "nothing waiting")
+def _snapshot(session: Session, dispatcher: str) -> dict[str, Any]:
+    """What the queue's snapshot shows: counts, active work, then the latest finished."""
+    queue = queue_snapshot(session, dispatcher)
     moment = datetime.now(UTC)
-    return (f"<div class='snapshot' data-rendered='{time.time_ns()}'><div class='counts'>{counts}</div>"
-            f"<p>{esc(oldest)} · dispatcher {esc(queue.dispatcher)}</p>"
-            + _table("active", ACTIVE_HEAD, [_active_row(item) for item in queue.active])
-            + "<h2>Recently finished</h2>"
-            + _table("finished", FINISHED_HEAD, [_finished_row(row, moment) for row in finished or []]) + "</div>")
-
-
-def _snapshot(session: Session, dispatcher: str) -> str:
-    return render_table(queue_snapshot(session, dispatcher), recent_finished(session, RECENT))
+    return {"rendered": time.time_ns(), "counts": sorted(queue.counts.items()), "oldest": queue.oldest_waiting,
+            "dispatcher": queue.dispatcher, "active": queue.active, "active_head": ACTIVE_HEAD,
+            "finished_head": FINISHED_HEAD,
+            "finished": [_finished(row, moment) for row in recent_finished(session, RECENT)]}
 
 
 def _cross_site(request: Request) -> bool:
@@ -190,11 +137,10 @@ def queue_page(request: Request, session: SessionDep, settings: SettingsDep) -> 
     principal = page_principal(request, session, "/ui/queue")
     if isinstance(principal, HTMLResponse):
         return principal
-    body = f"<h1>convgate — verification queue</h1><div id='queue'>{_snapshot(session, settings.dispatcher)}</div>"
-    return HTMLResponse(document("convgate queue", body, rendered=time.time_ns(), script=REFRESH))
+    return HTMLResponse(render("queue.html", title="convgate queue", **_snapshot(session, settings.dispatcher)))
 
 
 @router.get("/queue/table", response_class=HTMLResponse)
 def queue_table(session: SessionDep, settings: SettingsDep,
                 principal: Annotated[Principal, require_ui(OPERATE)]) -> HTMLResponse:
-    return HTMLResponse(_snapshot(session, settings.dispatcher))
+    return HTMLResponse(render("queue_snapshot.html", **_snapshot(session, settings.dispatcher)))

@@ -187,7 +187,8 @@ def _get(url: str) -> tuple[int, str]:
 
 def test_api_image_migrates_and_serves_health_under_runc(built: Built, tmp_path: Path) -> None:
     """The migration hook's `convgate db upgrade`, then the Deployment's `convgate serve`, in the api image with
-    the chart's securityContext and volumes (/tmp and /scratch), on the host's network namespace."""
+    the chart's securityContext and volumes (/tmp and /scratch), on the host's network namespace; it answers
+    health, readiness and a page rendered from its templates."""
     security = SecurityContext.from_chart()
     scratch, tmp = _empty_dir(tmp_path, "scratch"), _empty_dir(tmp_path, "tmp")
     mounts = [Mount(scratch, "/scratch", read_only=False), Mount(tmp, "/tmp", read_only=False)]
@@ -216,7 +217,9 @@ def test_api_image_migrates_and_serves_health_under_runc(built: Built, tmp_path:
                 assert time.monotonic() < deadline, f"no /healthz within 120 s:\n{log.read_text()[-4000:]}"
                 time.sleep(0.5)
         ready = _get(f"http://127.0.0.1:{port}/readyz")
+        sign_in = _get(f"http://127.0.0.1:{port}/ui/login")  # a page: its template shipped in the image
     assert health[0] == 200 and ready[0] == 200, (health, ready)
+    assert sign_in[0] == 200 and 'action="/ui/login"' in sign_in[1], sign_in
 
 
 def test_api_image_has_no_engine_and_fits_its_budget(built: Built, tmp_path: Path) -> None:

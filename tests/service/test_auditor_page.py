@@ -57,7 +57,7 @@ def sign_in(client, role: Role, target: str = "/ui/auditor") -> str:
 
 
 def result_ids(page: str) -> list[str]:
-    return re.findall(r"<tr data-id='([0-9a-f-]{36})'>", page)
+    return re.findall(r'<tr data-id="([0-9a-f-]{36})">', page)
 
 
 def test_auditor_page_searches_escapes_and_links(client):
@@ -72,16 +72,16 @@ def test_auditor_page_searches_escapes_and_links(client):
     assert set(result_ids(by_sha.text)) == {client.ids[k] for k in ("a_go", "a_nogo", "a_queued")}
     nogo = client.get("/ui/auditor", params={"artifact_sha256": SHA_A, "verdict": "NO-GO"}).text
     assert result_ids(nogo) == [client.ids["a_nogo"]]
-    assert f"href='/ui/verifications/{client.ids['a_nogo']}/report'" in nogo
-    assert f"href='/ui/verifications/{client.ids['a_nogo']}/attestation'" in nogo
+    assert f'href="/ui/verifications/{client.ids["a_nogo"]}/report"' in nogo
+    assert f'href="/ui/verifications/{client.ids["a_nogo"]}/attestation"' in nogo
     query = urlencode({"artifact_sha256": SHA_A, "verdict": "NO-GO"})
     for fmt in ("csv", "jsonl"):
-        assert f"href='{html.escape(f'/ui/export?{query}&format={fmt}')}'" in nogo
+        assert f'href="{html.escape(f"/ui/export?{query}&format={fmt}")}"' in nogo
     assert result_ids(client.get("/ui/auditor", params={"policy": "strict"}).text) == [client.ids["b_hostile"]]
     assert result_ids(client.get("/ui/auditor", params={"source_uri": HOSTILE}).text) == [client.ids["b_hostile"]]
     assert result_ids(client.get("/ui/auditor", params={"since": "2999-01-01T00:00"}).text) == []
     assert len(result_ids(client.get("/ui/auditor", params={"until": "2999-01-01T00:00"}).text)) == 4
-    queued_row = re.search(rf"<tr data-id='{client.ids['a_queued']}'>.*?</tr>", everything.text, re.S)[0]
+    queued_row = re.search(rf'<tr data-id="{client.ids["a_queued"]}">.*?</tr>', everything.text, re.S)[0]
     assert "/report" not in queued_row and "/attestation" not in queued_row
 
 

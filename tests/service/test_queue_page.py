@@ -199,9 +199,9 @@ def test_queue_json_and_table_on_both_databases(database, tmp_path):
     assert item["wait_seconds"] >= 0 and item["run_seconds"] is None and item["queue_position"] == 4
     assert "<script>" not in table and "<i>pending" not in table and "&lt;i&gt;pending&lt;/i&gt; #4" in table
     assert ">model-q8_0.gguf</span>" in table and "<td>pipeline-7</td>" in table
-    finished = re.search(r"<table id='finished'>.*?</table>", table, re.S)[0]
+    finished = re.search(r'<table id="finished">.*?</table>', table, re.S)[0]
     assert done.id[:8] in finished and "<code>gguf.offset_misaligned</code>" in finished
-    assert f"href='/ui/verifications/{done.id}/report'" in finished and "pipeline-8" in finished
+    assert f'href="/ui/verifications/{done.id}/report"' in finished and "pipeline-8" in finished
 
 
 def test_recent_finished_are_the_latest_to_finish_of_every_end_state(database):
