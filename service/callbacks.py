@@ -34,8 +34,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from edge.redact import redact
-from edge.uri_policy import UriPolicy, UriRefusedError
+from edge.uri_policy import UriPolicy
 from service.config import Settings
 from service.persistence.callbacks import CallbackState, secret_for
 
@@ -57,15 +56,11 @@ class CallbackRefusedError(ValueError):
     """The callback cannot be accepted (refused URL, no secret to sign with): HTTP 422."""
 
 
-def submission_columns(session: Session, settings: Settings, checker: UriPolicy, submitter: str,
-                       url: str | None) -> dict[str, str]:
-    """The verification's callback columns for a submission (none without a callback)."""
+def submission_columns(session: Session, submitter: str, url: str | None) -> dict[str, str]:
+    """The verification's callback columns for a submission whose callback URL was admitted
+    (`service.verifications.admit`); none without a callback."""
     if url is None:
         return {}
-    try:
-        check_callback_url(checker, settings, url)
-    except UriRefusedError as exc:
-        raise CallbackRefusedError(f"callback_url: {redact(str(exc))}") from exc
     if secret_for(session, submitter) is None:
         raise CallbackRefusedError("callback_url: no callback secret to sign with yet; "
                                    "create one with POST /v1/callback-secret first")

@@ -1,9 +1,9 @@
 """Every HTML page and rendered report comes from a Jinja2 template under `service/templates`, with
 autoescaping on for all of them: a value from a submitter, a worker or the cluster is escaped (quotes
 too) unless someone writes `|safe`: escaping is the default, so nothing depends on remembering to call
-an escape function around each value (one forgotten call would be an XSS). Nothing a submitter wrote is ever marked safe;
-the one piece of markup passed through is a report's HTML, which markdown-it made from Markdown in
-which every submitted string was already inert (service.report_render)."""
+an escape function around each value (one forgotten call would be an XSS). Nothing a submitter wrote
+is ever marked safe; the one piece of markup passed through is a report's HTML, which markdown-it made
+from Markdown in which every submitted string was already inert (service.report_render)."""
 
 from __future__ import annotations
 

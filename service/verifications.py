@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -89,11 +90,27 @@ def gate1_shards(settings: Settings, body: SubmitRequest) -> int:
     return 1 if size is None else max(1, min(kube.max_gate1_shards, math.ceil(size / kube.gate1_shard_bytes)))
 
 
-def submit(session: Session, settings: Settings, submitter: str, body: SubmitRequest,
-           idempotency_key: str | None, *, may_author_policies: bool = False,
-           may_read_all: bool = False) -> tuple[Verification, bool]:
-    """Store a verification (thresholds fixed now, with their hash); returns it and whether it is new.
-    An earlier verdict stands for it only if the submitter may read that verification (`service.reuse`)."""
+@dataclass(frozen=True)
+class Admitted:
+    """A submission the service may store: its thresholds resolved and every URI it names admitted by the
+    URI policy (`admit`). `submit` takes only this, so nothing is stored unchecked."""
+    body: SubmitRequest
+    policy: Policy
+    policy_origin: str
+    gate1_shards: int
+
+
+def may_block(body: SubmitRequest) -> bool:
+    """Whether admitting `body` waits on something outside the process: DNS for an https:// URI or a
+    callback URL, the filesystem for a file:// URI (symlinks resolved, sizes read). Such an admission may
+    take as long as a resolver or a mount does, so it never runs on the event loop; an hf:// one is pure."""
+    uris = (body.source_uri, body.artifact_uri, body.imatrix_uri, *body.release_files)
+    return body.callback_url is not None or any(uri is not None and not uri.startswith("hf:") for uri in uris)
+
+
+def admit(settings: Settings, body: SubmitRequest, *, may_author_policies: bool = False) -> Admitted:
+    """The thresholds `body` is held to, and every URI it names checked as the worker will check it
+    (without touching the files; a host resolved now, and again by the transport when it connects)."""
     policy, policy_origin = _resolve_policy(settings, body.policy, may_author_policies)
     checker = uri_policy(settings)
     try:
@@ -109,8 +126,21 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
             checker.check(uri)
     except UriRefusedError as exc:
         raise SubmissionError(redact(str(exc))) from exc
+    if body.callback_url is not None:
+        try:
+            callbacks.check_callback_url(checker, settings, body.callback_url)
+        except UriRefusedError as exc:
+            raise SubmissionError(f"callback_url: {redact(str(exc))}") from exc
+    return Admitted(body, policy, policy_origin, gate1_shards(settings, body))
+
+
+def submit(session: Session, settings: Settings, submitter: str, admitted: Admitted,
+           idempotency_key: str | None, *, may_read_all: bool = False) -> tuple[Verification, bool]:
+    """Store an admitted verification (thresholds fixed now, with their hash); returns it and whether it is
+    new. An earlier verdict stands for it only if the submitter may read that verification (`service.reuse`)."""
+    body, policy, policy_origin = admitted.body, admitted.policy, admitted.policy_origin
     try:
-        callback = callbacks.submission_columns(session, settings, checker, submitter, body.callback_url)
+        callback = callbacks.submission_columns(session, submitter, body.callback_url)
     except callbacks.CallbackRefusedError as exc:
         raise SubmissionError(str(exc)) from exc
     unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
@@ -123,8 +153,8 @@ def submit(session: Session, settings: Settings, submitter: str, body: SubmitReq
     policy_sha256 = _sha256_of(policy, policy_origin)
     request_sha256 = hashlib.sha256(json.dumps(
         {"request": public_request(request), "policy": policy_sha256}, sort_keys=True).encode()).hexdigest()
-    if (shards := gate1_shards(settings, body)) > 1:
-        request["shards"] = shards  # a deployment choice, not part of what was asked: outside the identity
+    if admitted.gate1_shards > 1:
+        request["shards"] = admitted.gate1_shards  # a deployment choice, not what was asked: outside the identity
     verification = reuse.insert_or_reuse(
         session, settings, fresh=body.fresh, among=None if may_read_all else submitter, **callback,
         submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256, request=request,

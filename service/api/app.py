@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import Engine, text
 from sqlalchemy import exc as db_errors
-from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session, sessionmaker
 
 from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page
 from service.api import attestations as attestation_endpoint
@@ -24,7 +26,14 @@ from service.auth import OPERATE
 from service.callbacks_loop import CallbackLoop
 from service.config import Settings
 from service.metrics import make_registry
-from service.persistence.db import API_THREADS, make_engine, session_factory, transaction
+from service.persistence.db import (
+    API_THREADS,
+    async_session_factory,
+    make_async_engine,
+    make_engine,
+    session_factory,
+    transaction,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,36 +42,17 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
     """`run_callbacks` (default: wherever the dispatch loop runs) starts the completion-callback loop."""
     engine = make_engine(settings.database_url)
     factory = session_factory(engine)
+    async_engine = make_async_engine(settings.database_url)
     background = run_dispatcher and settings.dispatcher != "none"
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS  # one connection each
-        loop = None
-        if background:
-            from service.dispatch.loop import DispatchLoop
-
-            loop = DispatchLoop.for_settings(settings, factory)
-            loop.start()
-        app.state.dispatch_loop = loop
-        callback_loop = CallbackLoop(factory, settings) if (background if run_callbacks is None else run_callbacks) \
-            else None
-        if callback_loop is not None:
-            callback_loop.start()
-        try:
-            yield
-        finally:
-            if callback_loop is not None:
-                callback_loop.stop()
-            if loop is not None:
-                loop.stop()
-            engine.dispose()
-
+    lifespan = _lifespan(settings, factory, engine, async_engine, background=background,
+                         run_callbacks=background if run_callbacks is None else run_callbacks)
     app = FastAPI(title="convgate", version="0.1.0", lifespan=lifespan,
                   description="Verifies Hugging Face -> GGUF conversions before they ship.")
     app.state.settings = settings
     app.state.session_factory = factory
     app.state.engine = engine
+    app.state.async_engine = async_engine
+    app.state.async_session_factory = async_session_factory(async_engine)
     app.state.login_throttle = LoginThrottle()
     app.state.ui_sessions = UiSessions(settings)
     app.state.stream_slots = StreamSlots(settings.max_streams, settings.max_streams_per_principal)
@@ -100,6 +90,34 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _lifespan(settings: Settings, factory: sessionmaker[Session], engine: Engine, async_engine: AsyncEngine, *,
+              background: bool, run_callbacks: bool) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the dispatch and callback loops started and stopped, the engines disposed."""
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS  # one connection each
+        loop = None
+        if background:
+            from service.dispatch.loop import DispatchLoop
+
+            loop = DispatchLoop.for_settings(settings, factory)
+            loop.start()
+        app.state.dispatch_loop = loop
+        callback_loop = CallbackLoop(factory, settings) if run_callbacks else None
+        if callback_loop is not None:
+            callback_loop.start()
+        try:
+            yield
+        finally:
+            if callback_loop is not None:
+                callback_loop.stop()
+            if loop is not None:
+                loop.stop()
+            engine.dispose()
+            await async_engine.dispose()
+    return lifespan
 
 
 RETRY_AFTER_SECONDS = 5

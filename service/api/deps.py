@@ -9,6 +9,7 @@ from typing import Annotated
 import anyio
 import anyio.to_thread
 from fastapi import Depends, HTTPException, Request, status
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from service.auth import Role, digest
@@ -46,8 +47,20 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         session.close()  # committed or rolled back above: nothing left to send from the loop
 
 
+async def get_async_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """The unit of work of an endpoint that runs its ORM code on the event loop (`AsyncSession.run_sync`):
+    the endpoint commits; anything it left open is rolled back here. Never cancelled half-way."""
+    async with request.app.state.async_session_factory() as session:
+        try:
+            yield session
+        finally:
+            with anyio.CancelScope(shield=True):
+                await session.close()  # rolls back whatever was not committed
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
+AsyncSessionDep = Annotated[AsyncSession, Depends(get_async_session)]
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,12 @@ def get_ui_principal(request: Request, session: SessionDep) -> Principal:
     return _or_401(principal_by_digest(session, ui_token_sha256(request)))
 
 
+async def get_principal_on_loop(request: Request, session: AsyncSessionDep) -> Principal:
+    """`get_principal` for an endpoint on the async session: the same lookup, with no pool thread."""
+    secret = bearer(request)
+    return _or_401(await session.run_sync(principal_for, secret))
+
+
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 UiPrincipalDep = Annotated[Principal, Depends(get_ui_principal)]
 
@@ -115,6 +134,13 @@ def _check(principal: Principal, roles: frozenset[Role]) -> Principal:
 def require(roles: frozenset[Role]):
     """A dependency that admits only `roles` (bearer header)."""
     async def check(principal: PrincipalDep) -> Principal:
+        return _check(principal, roles)
+    return Depends(check)
+
+
+def require_on_loop(roles: frozenset[Role]):
+    """`require`, for an endpoint on the async session (it shares the endpoint's session and transaction)."""
+    async def check(principal: Annotated[Principal, Depends(get_principal_on_loop)]) -> Principal:
         return _check(principal, roles)
     return Depends(check)
 

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from edge.redact import redact_uri
 from service import callbacks, verifications
 from service.api import access_log
-from service.api.deps import Principal, SessionDep, SettingsDep, bearer, require
+from service.api.deps import AsyncSessionDep, Principal, SessionDep, SettingsDep, bearer, require, require_on_loop
 from service.api.errors import ERRORS
 from service.api.event_stream import MEDIA_TYPE, event_stream
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT, digest
@@ -58,29 +58,36 @@ def _visible(session: SessionDep, verification_id: str, principal: Principal) ->
              responses={200: {"model": VerificationOut, "description": "a repeat of an Idempotency-Key"},
                         409: {"model": ERRORS[400]["model"], "description": "Idempotency-Key used for another"}})
 async def create_verification(
-    body: SubmitRequest, session: SessionDep, settings: SettingsDep,
-    principal: Annotated[Principal, require(SUBMIT)],
+    body: SubmitRequest, session: AsyncSessionDep, settings: SettingsDep,
+    principal: Annotated[Principal, require_on_loop(SUBMIT)],
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200, pattern=PRINTABLE)] = None,
 ) -> Response:
-    """The busiest write: async around one pool-thread call that also renders the answer's JSON (a sync
-    endpoint would cross to the threadpool once more, and returning the model would have FastAPI validate
-    it again on the loop). The principal is looked up first, by its dependency: a bad token is a 401
-    before the body is looked at."""
-    return await run_in_threadpool(_create_verification, body, session, settings, principal, idempotency_key)
-
-
-def _create_verification(body: SubmitRequest, session: Session, settings: Settings, principal: Principal,
-                         idempotency_key: str | None) -> Response:
+    """The busiest write, on the event loop: its ORM code runs in the async session's greenlet, which waits
+    on the database's socket, not in a pool thread (no thread hand-off per request), and renders the
+    answer's JSON there too (returning the model would have FastAPI validate it again). The principal is
+    looked up first, by its dependency: a bad token is a 401 before the body is looked at. Admitting a
+    body that names a host or a file may block (DNS, a mount): that, and only that, goes to a pool thread."""
+    may_author = principal.role in AUTHOR_POLICIES
     try:
-        verification, created = verifications.submit(session, settings, principal.name, body, idempotency_key,
-                                                      may_author_policies=principal.role in AUTHOR_POLICIES,
-                                                      may_read_all=principal.role not in OWN_ONLY)
-        # Commit here, in the request's own thread, not in the dependency's teardown: concurrent
-        # duplicates wait on this row's unique-index lock, and a teardown queued behind them for a
-        # threadpool slot would deadlock until the pool times out.
-        session.commit()
+        if verifications.may_block(body):
+            admitted = await run_in_threadpool(verifications.admit, settings, body, may_author_policies=may_author)
+        else:
+            admitted = verifications.admit(settings, body, may_author_policies=may_author)
     except verifications.PolicyRefusedError as exc:
         raise HTTPException(status.HTTP_403_FORBIDDEN, str(exc)) from exc
+    except verifications.SubmissionError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+    answer = await session.run_sync(_store, admitted, settings, principal, idempotency_key)
+    # Committed here, before answering: concurrent duplicates wait on this row's unique-index lock.
+    await session.commit()
+    return answer
+
+
+def _store(session: Session, admitted: verifications.Admitted, settings: Settings, principal: Principal,
+           idempotency_key: str | None) -> Response:
+    try:
+        verification, created = verifications.submit(session, settings, principal.name, admitted, idempotency_key,
+                                                      may_read_all=principal.role not in OWN_ONLY)
     except verifications.SubmissionError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
     except verifications.IdempotencyConflictError as exc:
@@ -100,7 +107,7 @@ def read_verification(verification_id: VerificationId, request: Request, session
 
 @router.get("/verifications", response_model=VerificationList)
 async def list_verifications(
-    request: Request, session: SessionDep, principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
+    request: Request, session: AsyncSessionDep, principal: Annotated[Principal, require_on_loop(READ_OWN_OR_ANY)],
     artifact_sha256: Annotated[str | None, Query(pattern=SHA256)] = None,
     source_uri: FilterText = None,
     verdict: Literal["GO", "NO-GO"] | None = None,
@@ -115,22 +122,23 @@ async def list_verifications(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=256)] = None,
 ) -> Response:
-    """The auditor's query: one pool-thread call reads the page, commits its access-log row and renders the
-    JSON (returning the model would have FastAPI validate every item again on the loop)."""
+    """The auditor's query, on the event loop like the submission: the page read, its access-log row and
+    the JSON rendered in the async session's greenlet (returning the model would have FastAPI validate every
+    item again), the access-log row committed before the answer."""
     if principal.role in OWN_ONLY:
         submitted_by = principal.name
     filters = repository.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
                                      policy_origin=policy_origin, policy=policy)
-    return await run_in_threadpool(_list_page, request, session, principal, filters, limit, cursor)
+    page = await session.run_sync(_list_page, request, principal, filters, limit, cursor)
+    await session.commit()
+    return page
 
 
-def _list_page(request: Request, session: Session, principal: Principal, filters: repository.ListFilters,
+def _list_page(session: Session, request: Request, principal: Principal, filters: repository.ListFilters,
                limit: int, cursor: str | None) -> Response:
-    """The page and its access-log entry, committed here: one pool-thread call for the whole request."""
     rows, next_cursor = repository.list_verifications(session, filters, limit=limit, cursor=cursor)
     access_log.record(session, request, principal, "list_verifications")
     items = [verifications.to_out(session, row, with_blockers=False) for row in rows]
-    session.commit()
     page = VerificationList(items=items, next_cursor=next_cursor)
     return Response(page.model_dump_json().encode(), media_type="application/json")
 

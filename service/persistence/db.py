@@ -9,24 +9,30 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+if TYPE_CHECKING:  # the asyncio side is the API's alone (its extra installs greenlet and aiosqlite)
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 READ_ONLY = "convgate_read_only"  # an execution option: this transaction only reads (SQLite: no write lock)
 API_THREADS = 40  # the API's threadpool for sync endpoints and dependencies (anyio's default; app.py sets it)
+ASYNC_CONNECTIONS = 16  # kept by the async engine (and as many more opened under a burst)
 
 
-def _sqlite_engine(url: str, busy_timeout_seconds: float) -> Engine:
+def _sqlite_file(url: str) -> None:
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": busy_timeout_seconds, "check_same_thread": False})
 
+
+def _sqlite_transactions(engine: Engine, busy_timeout_seconds: float) -> None:
+    """Real transactions on `engine` (a sync engine, or an async engine's `sync_engine`): see the module."""
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy, not pysqlite, says when a transaction starts
@@ -41,12 +47,13 @@ def _sqlite_engine(url: str, busy_timeout_seconds: float) -> Engine:
         deferred = connection.get_execution_options().get(READ_ONLY, False)
         connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
-    return engine
-
 
 def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS) -> Engine:
     if url.startswith("sqlite"):
-        return _sqlite_engine(url, busy_timeout_seconds)
+        _sqlite_file(url)
+        engine = create_engine(url, connect_args={"timeout": busy_timeout_seconds, "check_same_thread": False})
+        _sqlite_transactions(engine, busy_timeout_seconds)
+        return engine
     # As many kept connections as the API has threads: a connection the pool cannot keep is closed on
     # return and reopened by the next request (a backend fork and a SCRAM handshake; with 10 kept, ~15%
     # of submissions under 32 concurrent clients opened one); the overflow covers requests that hold a
@@ -54,8 +61,32 @@ def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_S
     return create_engine(url, pool_size=API_THREADS, max_overflow=10, pool_pre_ping=True)
 
 
+def make_async_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS) -> AsyncEngine:
+    """The same database through an asyncio driver (psycopg's, aiosqlite), for the API's busiest endpoints:
+    their ORM code runs on the event loop, in a greenlet that waits on the socket, where a pool thread per
+    request cost a GIL hand-off and a futex wake-up on each side (half of a submission's server CPU,
+    measured with scripts/bench_api.py). Its pool is the event loop's concurrency, not a thread count."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        _sqlite_file(url)
+        engine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"),
+                                     connect_args={"timeout": busy_timeout_seconds})
+        _sqlite_transactions(engine.sync_engine, busy_timeout_seconds)
+        return engine
+    return create_async_engine(parsed.set(drivername="postgresql+psycopg"), pool_size=ASYNC_CONNECTIONS,
+                               max_overflow=ASYNC_CONNECTIONS, pool_pre_ping=True)
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def async_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+
+    return async_sessionmaker(engine, expire_on_commit=False)
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from service.lifecycle import State
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.schemas import SubmitRequest
-from service.verifications import cancel, submit
+from service.verifications import admit, cancel, submit
 from tests.conftest import built, fixtures_root
 from tests.service.conftest import settings_for
 
@@ -46,7 +46,7 @@ class Harness:
 
     def submit(self, request: SubmitRequest, key: str | None = None) -> str:
         with transaction(self.factory) as session:
-            return submit(session, self.settings, "alice", request, key)[0].id
+            return submit(session, self.settings, "alice", admit(self.settings, request), key)[0].id
 
     def state(self, verification_id: str):
         with self.factory() as session:

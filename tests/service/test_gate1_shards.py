@@ -18,7 +18,7 @@ from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import Gate1Shard, Verdict
 from service.persistence.shards import ShardRefusedError, record_shard
 from service.schemas import SubmitRequest
-from service.verifications import gate1_shards, submit
+from service.verifications import admit, gate1_shards, submit
 from tests.conftest import defect_copy, fixtures_root
 from tests.service.conftest import settings_for
 from worker.digests import sha256_file
@@ -67,7 +67,7 @@ def _dispatched(url: str, settings, artifact: Path) -> str:
     """A submitted verification claimed by a dispatcher: attempt 1, waiting for its workers."""
     factory = _factory(url)
     with transaction(factory) as session:
-        verification = submit(session, settings, "alice", _body(artifact), None)[0]
+        verification = submit(session, settings, "alice", admit(settings, _body(artifact)), None)[0]
         assert repository.claim(session, verification.id, "dispatcher") is not None
         return verification.id
 

@@ -26,7 +26,7 @@ from service.fetching import FETCH_URIS, input_uris, public_request, stored_requ
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.schemas import SubmitRequest
-from service.verifications import submit
+from service.verifications import admit, submit
 from tests.service.conftest import add_token, settings_for
 from tests.unit.test_redact_uri import secret_uris
 from worker.engine import VerifyRequest
@@ -134,8 +134,8 @@ def test_a_transient_failure_ends_the_attempt_without_verdict_and_leaks_nothing(
     artifact = "https://user:hunter2@127.0.0.1:1/m.gguf?X-Amz-Signature=SIGSECRET&token=TOKSECRET"
     factory = session_factory(make_engine(sqlite_url))
     with transaction(factory) as session:
-        verification, _ = submit(session, settings, "alice", SubmitRequest(
-            source_uri=source.as_uri(), artifact_uri=artifact, artifact_sha256=SHA), None)
+        verification, _ = submit(session, settings, "alice", admit(settings, SubmitRequest(
+            source_uri=source.as_uri(), artifact_uri=artifact, artifact_sha256=SHA)), None)
         ident = verification.id
         assert repository.claim(session, ident, "test-dispatcher") is not None
     caplog.set_level(logging.DEBUG)

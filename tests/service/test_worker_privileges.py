@@ -433,14 +433,14 @@ def dispatched_minilm(factory, settings, artifact, monkeypatch) -> tuple[str, in
     """A gate-1 MiniLM verification submitted and claimed by the loop, its attempt's secret in this
     process's environment (as the Job's Secret puts it in a pod's): (id, attempt, the loop)."""
     from service.schemas import SubmitRequest
-    from service.verifications import submit
+    from service.verifications import admit, submit
     from worker.digests import sha256_file
 
     source = fixtures_root() / "minilm" / "source"
     with transaction(factory) as session:
-        verification_id = submit(session, settings, "alice", SubmitRequest(
+        verification_id = submit(session, settings, "alice", admit(settings, SubmitRequest(
             source_uri=source.as_uri(), artifact_uri=artifact.as_uri(), artifact_sha256=sha256_file(artifact),
-            gates=[1]), None)[0].id
+            gates=[1])), None)[0].id
     dispatcher = RecordingDispatcher()
     loop = DispatchLoop(dispatcher, factory, settings)
     loop.tick()
