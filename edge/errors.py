@@ -22,6 +22,8 @@ class FetchError(CodedError):
 class TransientFetchError(ConvgateError):
     """The fetch failed for a reason that may pass; retried with backoff, then no verdict."""
 
+    code = "fetch.transient"
+
     def __init__(self, why: str) -> None:
         super().__init__(redact(why))
         self.why = redact(why)

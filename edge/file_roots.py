@@ -9,9 +9,13 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
+from worker.errors import ConvgateError
 
-class OutsideRootsError(ValueError):
+
+class OutsideRootsError(ConvgateError, ValueError):
     """A local path is not inside any allowed file root."""
+
+    code = "uri.outside_roots"
 
 
 def file_uri_path(uri: str) -> Path:

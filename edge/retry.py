@@ -17,6 +17,8 @@ T = TypeVar("T")
 class RetryLaterError(TransientFetchError):
     """Transient, with the delay the server asked for (`Retry-After`), when it gave one."""
 
+    code = "fetch.retry_later"
+
     def __init__(self, why: str, retry_after: float | None = None) -> None:
         super().__init__(why)
         self.retry_after = retry_after

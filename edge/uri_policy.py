@@ -19,6 +19,7 @@ from urllib.parse import SplitResult, urlsplit
 from edge.addresses import IPAddress, refusal
 from edge.file_roots import OutsideRootsError, file_uri_path, inside
 from edge.redact import redact, redact_uri
+from worker.errors import ConvgateError
 
 HF_URI = re.compile(r"^hf://(?P<repo>[\w.-]+/[\w.-]+)@(?P<rev>[0-9a-f]{40})(?:/(?P<path>.+))?$")
 UNSAFE_TEXT = re.compile(r"[\x00-\x20\x7f-\x9f\s]|%00")
@@ -27,8 +28,10 @@ METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-da
 Resolver = Callable[[str], list[IPAddress]]
 
 
-class UriRefusedError(ValueError):
+class UriRefusedError(ConvgateError, ValueError):
     """The URI is outside the configured policy (a definitive answer: never retried)."""
+
+    code = "uri.refused"
 
 
 def split(uri: str) -> SplitResult:

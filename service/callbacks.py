@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from edge.uri_policy import UriPolicy
 from service.config import Settings
 from service.persistence.callbacks import CallbackState, secret_for
+from worker.errors import ConvgateError
 
 DELIVERY_NAMESPACE = uuid.UUID("6f1c1f0e-4b7a-5d2e-9a51-0c6e8a1d2b3f")
 SECRET_PREFIX = "cgcb_"
@@ -52,8 +53,10 @@ def check_callback_url(checker: UriPolicy, settings: Settings, url: str) -> None
     checker.addresses(checker.check_url(url, allowed_origins=http_origins(settings)))
 
 
-class CallbackRefusedError(ValueError):
+class CallbackRefusedError(ConvgateError, ValueError):
     """The callback cannot be accepted (refused URL, no secret to sign with): HTTP 422."""
+
+    code = "callback.refused"
 
 
 def submission_columns(session: Session, submitter: str, url: str | None) -> dict[str, str]:

@@ -13,6 +13,10 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 class ApiError(ConvgateError):
+    """The server answered with an error status; `detail` is its error body's message."""
+
+    code = "client.api_error"
+
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail}")
         self.status = status

@@ -33,9 +33,13 @@ log = logging.getLogger("convgate.job")
 class AttemptSupersededError(ConvgateError):
     """This attempt was cancelled or replaced by a newer one: stop working, write nothing."""
 
+    code = "attempt.superseded"
+
 
 class LeaseLostError(AttemptSupersededError):
     """No heartbeat went through for a lease: the dispatcher may already count this worker as dead."""
+
+    code = "attempt.lease_lost"
 
 
 class Heartbeat:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
+from worker.errors import ConvgateError
+
 
 class State(StrEnum):
     QUEUED = "queued"  # stored, waiting for a dispatcher
@@ -153,8 +155,10 @@ ENDINGS: Mapping[str, tuple[Action, Action]] = MappingProxyType({
 })
 
 
-class IllegalTransitionError(ValueError):
+class IllegalTransitionError(ConvgateError, ValueError):
     """A state change the lifecycle does not allow (e.g. anything after a verdict)."""
+
+    code = "lifecycle.illegal_transition"
 
 
 def successors(current: State) -> frozenset[State]:

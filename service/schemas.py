@@ -181,9 +181,11 @@ class AccessLogPage(BaseModel):
 
 
 class ErrorOut(BaseModel):
-    """Every 4xx: a message, or (422 for malformed input) the list of what was wrong."""
+    """Every 4xx: a message, or (422 for malformed input) the list of what was wrong, and its stable code."""
 
     detail: str | list[dict[str, Any]]
+    code: str = Field(description="stable and dotted, e.g. submission.refused or auth.unauthenticated: branch on "
+                                  "this, not on the message")
 
 
 class EventOut(BaseModel):

@@ -21,20 +21,27 @@ from service.persistence import repository
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
 from worker.blockers import safe_text
+from worker.errors import ConvgateError
 from worker.formats.artifact_files import artifact_paths, split_shard_uris
 from worker.policy import VERSION_MAX_CHARS, Policy
 
 
-class SubmissionError(ValueError):
+class SubmissionError(ConvgateError, ValueError):
     """The submission is invalid (unknown policy, refused URI): HTTP 422."""
 
+    code = "submission.refused"
 
-class IdempotencyConflictError(ValueError):
+
+class IdempotencyConflictError(ConvgateError, ValueError):
     """The idempotency key was used before with a different request: HTTP 409."""
 
+    code = "submission.idempotency_conflict"
 
-class PolicyRefusedError(PermissionError):
+
+class PolicyRefusedError(ConvgateError, PermissionError):
     """An inline policy from a caller whose role may not author policies: HTTP 403."""
+
+    code = "submission.policy_not_allowed"
 
 
 def _resolve_policy(settings: Settings, requested: str | Policy, may_author: bool) -> tuple[Policy, str]:

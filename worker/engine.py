@@ -49,6 +49,8 @@ ENVIRONMENT_PACKAGES = ("convgate", "gguf", "numpy", "llama-cpp-python", "transf
 class SourceUnavailableError(ConvgateError):
     """The source model cannot be read at all: no verdict is possible (CLI exit 2)."""
 
+    code = "source.unavailable"
+
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyRequest:

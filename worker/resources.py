@@ -16,12 +16,16 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from worker.errors import ConvgateError
+
 THREADS_SETTING = "CONVGATE_THREADS"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-class ThreadSettingError(ValueError):
+class ThreadSettingError(ConvgateError, ValueError):
     """`CONVGATE_THREADS` or `CONVGATE_LLAMA_MEMORY_MB` is not a positive integer."""
+
+    code = "worker.setting_invalid"
 
 
 def _quota(text: str) -> float | None:

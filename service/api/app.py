@@ -127,5 +127,5 @@ async def database_unavailable(_request: Request, exc: Exception) -> Response:
     """A locked, refusing or exhausted database is the service's temporary state, not a fault in the
     request: 503 and when to retry, never a 500 (the driver's message stays in the server log)."""
     log.warning("database unavailable: %s", type(exc).__name__)
-    return JSONResponse({"detail": "the database is unavailable; retry later"}, status_code=503,
-                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return JSONResponse({"detail": "the database is unavailable; retry later", "code": "database.unavailable"},
+                        status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -15,6 +15,7 @@ from service.api.endpoints import VerificationId, _visible
 from service.api.errors import ERRORS
 from service.attestations import KeyFileError, attestation_for
 from service.attestations.issue import vsa_for
+from service.attestations.vsa import SummaryUnavailableError
 from service.auth import READ_OWN_OR_ANY
 
 DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
@@ -40,7 +41,7 @@ async def read_attestation(verification_id: VerificationId, request: Request, se
             envelope = (attestation_for if predicate == "convgate" else vsa_for)(session, settings, verification)
         except KeyFileError as exc:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"attestation signing key: {exc}") from exc
-        except ValueError as exc:  # a report too old to name its policy's hash: no summary can be honest
+        except SummaryUnavailableError as exc:  # a report too old to name its policy's hash
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         if envelope is None:
             raise HTTPException(status.HTTP_409_CONFLICT,

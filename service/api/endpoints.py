@@ -67,16 +67,11 @@ async def create_verification(
     answer's JSON there too (returning the model would have FastAPI validate it again). The principal is
     looked up first, by its dependency: a bad token is a 401 before the body is looked at. Admitting a
     body that names a host or a file may block (DNS, a mount): that, and only that, goes to a pool thread."""
-    may_author = principal.role in AUTHOR_POLICIES
-    try:
-        if verifications.may_block(body):
-            admitted = await run_in_threadpool(verifications.admit, settings, body, may_author_policies=may_author)
-        else:
-            admitted = verifications.admit(settings, body, may_author_policies=may_author)
-    except verifications.PolicyRefusedError as exc:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, str(exc)) from exc
-    except verifications.SubmissionError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+    may_author = principal.role in AUTHOR_POLICIES  # a refusal is the error's own status and code (api/errors)
+    if verifications.may_block(body):
+        admitted = await run_in_threadpool(verifications.admit, settings, body, may_author_policies=may_author)
+    else:
+        admitted = verifications.admit(settings, body, may_author_policies=may_author)
     answer = await session.run_sync(_store, admitted, settings, principal, idempotency_key)
     # Committed here, before answering: concurrent duplicates wait on this row's unique-index lock.
     await session.commit()
@@ -85,13 +80,8 @@ async def create_verification(
 
 def _store(session: Session, admitted: verifications.Admitted, settings: Settings, principal: Principal,
            idempotency_key: str | None) -> Response:
-    try:
-        verification, created = verifications.submit(session, settings, principal.name, admitted, idempotency_key,
-                                                      may_read_all=principal.role not in OWN_ONLY)
-    except verifications.SubmissionError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
-    except verifications.IdempotencyConflictError as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    verification, created = verifications.submit(session, settings, principal.name, admitted, idempotency_key,
+                                                  may_read_all=principal.role not in OWN_ONLY)
     answer = verifications.to_out(session, verification).model_dump_json().encode()
     return Response(answer, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
                     headers={"Location": f"/v1/verifications/{verification.id}"}, media_type="application/json")

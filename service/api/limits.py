@@ -13,7 +13,8 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
 
     def _too_large(self) -> JSONResponse:
-        return JSONResponse({"detail": f"request body larger than {self.max_bytes} bytes"}, status_code=413)
+        return JSONResponse({"detail": f"request body larger than {self.max_bytes} bytes",
+                             "code": "request.too_large"}, status_code=413)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -37,6 +37,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 class AttestationRefusedError(ConvgateError):
     """An envelope that does not verify; `reasons` says why, one line each (checks stop at the first)."""
 
+    code = "attestation.refused"
+
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reasons = [reason]

@@ -29,6 +29,8 @@ GENERATED_KEY = Path("keys") / "attestation-ed25519.pem"  # under the cache dir,
 class KeyFileError(ConvgateError):
     """A key file that is missing, unreadable or not an Ed25519 key."""
 
+    code = "attestation.key_unusable"
+
 
 def public_raw(public: Ed25519PublicKey) -> bytes:
     return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

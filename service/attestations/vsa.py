@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from service.attestations.statement import NOT_RECORDED, Attested, Digest, Subject, _Strict, statement_json
+from worker.errors import ConvgateError
 from worker.formats.artifact_files import other_shards_in
 
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
@@ -63,6 +64,12 @@ def policy_uri(origin: str, version: str | None) -> str:
     return f"urn:convgate:policy:{origin}:{version or NOT_RECORDED.replace(' ', '-')}"
 
 
+class SummaryUnavailableError(ConvgateError, ValueError):
+    """A stored verdict no VSA can honestly summarise (its report records no policy hash)."""
+
+    code = "attestation.summary_unavailable"
+
+
 def build_vsa(attested: Attested) -> VsaStatement:
     """The VSA of one stored verdict. A report without its policy's hash cannot say which policy it was
     held to, so it gets no VSA (a made-up digest would be worse than none)."""
@@ -71,7 +78,7 @@ def build_vsa(attested: Attested) -> VsaStatement:
     passed = report["verdict"] == "GO"
     policy = report.get("policy") or {}
     if not isinstance(policy.get("sha256"), str):
-        raise ValueError(f"verification {attested.verification_id}: its report records no policy hash")
+        raise SummaryUnavailableError(f"verification {attested.verification_id}: its report records no policy hash")
     environment = report.get("environment") or {}
     versions = {name: str(environment[name]) for name in ("convgate", "llama-cpp-python", "transformers", "gguf")
                 if name in environment}

@@ -8,6 +8,16 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
+from worker.errors import ConvgateError
+
+
+class LaunchError(ConvgateError):
+    """A dispatcher could not start a worker; `cluster_status` is the short form operators see next to the
+    verification (None: nothing to add to the message)."""
+
+    code = "dispatch.launch_failed"
+    cluster_status: str | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerExit:

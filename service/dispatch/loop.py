@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from edge.redact import install_log_redaction
 from service.config import Settings
-from service.dispatch.base import Dispatcher, WorkerExit
+from service.dispatch.base import Dispatcher, LaunchError, WorkerExit
 from service.dispatch.local import LocalPool
 from service.lifecycle import IN_FLIGHT, Reason, State
 from service.persistence import repository
@@ -116,7 +116,7 @@ class DispatchLoop(Ticker):
                 log.warning("could not start %s: %s", verification_id, exc)
                 with transaction(self.factory) as session:
                     repository.undispatch(session, verification_id, attempt, str(exc),
-                                          getattr(exc, "cluster_status", None))
+                                          exc.cluster_status if isinstance(exc, LaunchError) else None)
 
     def close(self) -> None:
         self.dispatcher.shutdown()

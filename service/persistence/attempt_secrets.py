@@ -18,12 +18,15 @@ from sqlalchemy.orm import Session
 
 from service.lifecycle import State
 from service.persistence.models import Verification
+from worker.errors import ConvgateError
 
 SECRET_BYTES = 32  # 256 bits, URL-safe base64: 43 characters
 
 
-class AttemptNotClaimedError(RuntimeError):
+class AttemptNotClaimedError(ConvgateError, RuntimeError):
     """The verification is not dispatched any more (cancelled, or claimed by someone else)."""
+
+    code = "attempt.not_claimed"
 
 
 def secret_digest(verification_id: str, attempt: int, secret: str) -> str:

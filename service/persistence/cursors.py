@@ -11,12 +11,16 @@ import re
 from datetime import datetime
 from typing import Any
 
+from worker.errors import ConvgateError
+
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 MAX_CURSOR_CHARS = 256
 
 
-class InvalidCursorError(ValueError):
+class InvalidCursorError(ConvgateError, ValueError):
     """The cursor is not one this service issued."""
+
+    code = "request.cursor_invalid"
 
 
 def _invalid() -> InvalidCursorError:

@@ -20,13 +20,22 @@ from service.lifecycle import State
 from service.persistence import repository
 from service.persistence.models import Gate1Shard, Verification
 from worker.engine import merge_shards
+from worker.errors import ConvgateError
 from worker.gates.storage_parts import MergeError, StoragePart
 from worker.policy import Policy
 from worker.report import Report
 
 
-class ShardRefusedError(ValueError):
+class ShardRefusedError(ConvgateError, ValueError):
     """A part that does not belong to the verification's current attempt or to its shard count."""
+
+    code = "shard.refused"
+
+
+class ShardsDoNotMergeError(ShardRefusedError):
+    """Every part arrived and they do not make one gate-1 result: no retry of one index can mend that."""
+
+    code = "shard.parts_do_not_merge"
 
 
 def _locked(session: Session, verification_id: str) -> Verification | None:
@@ -87,6 +96,6 @@ def _merge_and_record(session: Session, verification: Verification, attempt: int
     try:
         report = merge_shards(head, [part for part, _ in parsed], Policy(**verification.policy))
     except MergeError as exc:
-        raise ShardRefusedError(f"the parts do not merge: {exc}") from exc
+        raise ShardsDoNotMergeError(f"the parts do not merge: {exc}") from exc
     return repository.record_verdict(session, verification.id, attempt, report.model_dump(mode="json"),
                                      worker=worker)

@@ -98,7 +98,7 @@ class SessionAttempt:
     def record_shard(self, shard: int, shards: int, payload: dict[str, Any]) -> bool:
         """A refused part (stale, malformed, or parts that do not merge) is False; parts that do not merge
         end the attempt, since no retry of one index can mend them."""
-        from service.persistence.shards import ShardRefusedError, record_shard
+        from service.persistence.shards import ShardRefusedError, ShardsDoNotMergeError, record_shard
 
         try:
             with self.session.begin_nested():
@@ -107,7 +107,7 @@ class SessionAttempt:
         except ShardRefusedError as exc:
             log.warning("verification %s attempt %s: shard %s refused: %s", self.verification_id, self.attempt,
                         shard, exc)
-            if "do not merge" in str(exc):
+            if isinstance(exc, ShardsDoNotMergeError):
                 self.end_without_verdict(f"gate-1 shards: {exc}")
             return False
 

@@ -19,14 +19,17 @@ from sqlalchemy.orm import Session
 from service.persistence import repository
 from service.persistence.models import WorkerReport
 from service.persistence.worker_channel import SessionAttempt
+from worker.errors import ConvgateError
 from worker.report import Report
 
 log = logging.getLogger("convgate.worker_reports")
 ACCEPTED, REFUSED, INVALID = "accepted", "refused", "invalid"
 
 
-class InvalidReportError(ValueError):
+class InvalidReportError(ConvgateError, ValueError):
     """A report whose payload is not what a worker sends."""
+
+    code = "report.invalid"
 
 
 def _progress(payload: dict[str, Any]) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
 from service.persistence.db import make_engine
+from worker.errors import ConvgateError
 
 # The functions a worker may call (the helpers they share are never granted).
 WORKER_FUNCTIONS = (
@@ -30,8 +31,10 @@ WORKER_FUNCTIONS = (
 ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
-class WorkerRoleError(RuntimeError):
+class WorkerRoleError(ConvgateError, RuntimeError):
     """The worker role cannot be set up as asked, or holds more than it should."""
+
+    code = "database.worker_role_unusable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from worker.blockers import Blocker
+from worker.errors import ConvgateError
 from worker.gates.systematic import reclassify
 from worker.gates.value_checks import CheckedPair
 from worker.policy import Policy
@@ -24,8 +25,10 @@ from worker.quant.sampling import sampling_details
 from worker.report import GateResult, TensorRow
 
 
-class MergeError(ValueError):
+class MergeError(ConvgateError, ValueError):
     """The parts do not make one gate-1 result (missing, duplicated or from different inputs)."""
+
+    code = "storage.parts_do_not_merge"
 
 
 class StoragePart(BaseModel):

@@ -37,6 +37,8 @@ _FFN_INP = re.compile(rb"ffn_inp-(\d+)")
 class TraceError(ConvgateError):
     """llama.cpp could not be traced layer by layer (no context, decode failed, layer outputs missing)."""
 
+    code = "runtime.trace_failed"
+
 
 class _Tensor(ctypes.Structure):
     """struct ggml_tensor (ggml.h), read-only: the fields a layer output is recognised and copied by."""

@@ -39,6 +39,8 @@ STDERR_TAIL_BYTES = 4096
 class LlamaCrashedError(ConvgateError):
     """The llama.cpp child died (a signal, an exit or the deadline) while loading or answering a call."""
 
+    code = "runtime.llama_crashed"
+
     def __init__(self, during: str, cause: str, stderr_tail: str) -> None:
         self.during = during
         self.cause = cause
@@ -50,6 +52,8 @@ class LlamaCrashedError(ConvgateError):
 
 class LlamaCallError(ConvgateError):
     """A call failed inside the child with a Python exception (the child is still alive)."""
+
+    code = "runtime.llama_call_failed"
 
 
 def describe_exit(returncode: int | None, timed_out: bool) -> str:

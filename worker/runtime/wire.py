@@ -16,6 +16,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from worker.errors import ConvgateError
+
 # dtypes an array may have on the wire: little-endian numbers only, never objects
 ARRAY_DTYPES = frozenset({"<f4", "<f8", "<i4", "<i8"})
 MAX_HEADER_BYTES = 16 * 2**20
@@ -23,8 +25,10 @@ MAX_ARRAY_BYTES = 8 * 2**30
 _LENGTH = struct.Struct("<I")
 
 
-class WireError(Exception):
+class WireError(ConvgateError):
     """A frame that is truncated, oversized or not what the protocol allows."""
+
+    code = "runtime.wire_invalid"
 
 
 def _read_exactly(stream: IO[bytes], size: int) -> bytes:

@@ -17,17 +17,21 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from worker.errors import ConvgateError
+from service.dispatch.base import LaunchError
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 REFUSED_STATUS = frozenset({400, 403, 422})
 
 
-class KubeError(ConvgateError):
+class KubeError(LaunchError):
     """A Kubernetes API call failed. `retryable` says whether trying again can help, `refused` that the
     API server refused this object for good; `status_reason` is the API server's typed reason (its
     Status `reason`: Forbidden, Invalid, BadRequest, ...); `cluster_status` is the short form
     operators see next to the verification."""
+
+    code = "kubernetes.api_error"
+
+    cluster_status: str  # always set, by status
 
     def __init__(self, message: str, *, status: int | None, retryable: bool, status_reason: str | None = None) -> None:
         super().__init__(message)
