@@ -72,15 +72,6 @@ def _new_row(*, submitted_by: str, idempotency_key: str | None, request_sha256: 
     )
 
 
-def insert_verification(session: Session, **columns: Any) -> Verification:
-    """Raises IntegrityError when the submitter already used `idempotency_key` (see `_new_row`)."""
-    verification = Verification(**_new_row(**columns))
-    session.add(verification)
-    _event(session, verification.id, None, State.QUEUED, 0, Reason.SUBMITTED, "submitted")
-    session.flush()
-    return verification
-
-
 def insert_unless_known(session: Session, **columns: Any) -> Verification | None:
     """The new verification and its event, or None when the submitter already used `idempotency_key`:
     the INSERT yields to the unique index (ON CONFLICT DO NOTHING, waiting for a concurrent duplicate

@@ -23,6 +23,7 @@ from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import transaction
 from tests.service.conftest import add_token, settings_for
+from tests.service.seeding import seed as seed_row
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 HOSTILE_SOURCE = 'file:///models/<script>alert(1)</script>,"quoted"\nnext line'
@@ -47,7 +48,7 @@ def seed(factory, *, submitted_by: str, sha: str, source: str, verdict: str | No
     """One verification, finished with `verdict` (None: left queued), written as the worker would."""
     request = {"source_uri": source, "artifact_uri": artifact_uri, "artifact_sha256": sha}
     with transaction(factory) as session:
-        verification = repository.insert_verification(
+        verification = seed_row(
             session, submitted_by=submitted_by, idempotency_key=None, request_sha256="r" * 64, request=request,
             policy={"version": "2026.11-2"}, policy_sha256="p" * 64, max_attempts=3, policy_origin=policy_origin)
         if verdict is not None:

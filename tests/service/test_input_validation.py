@@ -19,6 +19,7 @@ from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import transaction
 from tests.service.conftest import add_token, settings_for
+from tests.service.seeding import seed
 from worker.policy import Policy
 from worker.quality_budgets import QualityBudget
 from worker.rerank_thresholds import RerankThresholds
@@ -245,7 +246,7 @@ def _seed(factory, moments: list[datetime]) -> list[str]:
     ids = []
     with transaction(factory) as session:
         for moment in moments:
-            verification = repository.insert_verification(
+            verification = seed(
                 session, submitted_by="s", idempotency_key=None, request_sha256="r" * 64,
                 request={"source_uri": "file:///m", "artifact_uri": "file:///m.gguf", "artifact_sha256": SHA},
                 policy={"version": "v"}, policy_sha256="p" * 64, max_attempts=1)

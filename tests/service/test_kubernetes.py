@@ -18,6 +18,7 @@ from service.lifecycle import State
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from tests.service.fake_kube import FakeCluster, serve
+from tests.service.seeding import seed
 
 REQUEST = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
            "artifact_sha256": "f" * 64}
@@ -55,7 +56,7 @@ def harness(cluster, sqlite_url, tmp_path):
 
 def new_verification(factory) -> str:
     with transaction(factory) as session:
-        return repository.insert_verification(
+        return seed(
             session, submitted_by="alice", idempotency_key=None, request_sha256="r" * 64, request=REQUEST,
             policy={}, policy_sha256="p" * 64, max_attempts=3).id
 

@@ -24,6 +24,7 @@ from service.lifecycle import check_transition as check
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import Verification
+from tests.service.seeding import seed
 
 REQUEST = {"source_uri": "file:///m", "artifact_uri": "file:///m.gguf", "artifact_sha256": "a" * 64}
 REPORT = {"verdict": "GO", "blockers": [], "gates": {"storage": {"status": "passed", "seconds": 1.0, "details": {}}},
@@ -41,7 +42,7 @@ def factory(request):
 
 def submitted(factory, max_attempts: int = 3) -> str:
     with transaction(factory) as session:
-        return repository.insert_verification(
+        return seed(
             session, submitted_by="alice", idempotency_key=None, request_sha256="r" * 64, request=REQUEST,
             policy={}, policy_sha256="p" * 64, max_attempts=max_attempts).id
 

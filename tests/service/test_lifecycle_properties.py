@@ -33,6 +33,7 @@ from service.lifecycle import ACTIVE, IN_FLIGHT, TERMINAL, Reason, State
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import Verdict, Verification, VerificationEvent
+from tests.service.seeding import seed
 
 REQUEST = {"source_uri": "file:///m", "artifact_uri": "file:///m.gguf", "artifact_sha256": "a" * 64}
 LEASE = timedelta(seconds=30)
@@ -81,7 +82,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(max_attempts=st.integers(min_value=1, max_value=3))
     def submit(self, max_attempts: int) -> None:
         with transaction(self.factory) as session:
-            verification = repository.insert_verification(
+            verification = seed(
                 session, submitted_by="prop", idempotency_key=None, request_sha256="r" * 64, request=REQUEST,
                 policy={}, policy_sha256="p" * 64, max_attempts=max_attempts)
         self.ids.append(verification.id)

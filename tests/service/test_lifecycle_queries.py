@@ -12,6 +12,7 @@ from service.lifecycle import Reason, State
 from service.persistence import repository, stats
 from service.persistence.db import transaction
 from service.persistence.models import Verification
+from tests.service.seeding import seed
 from tests.service.test_lifecycle import REPORT, claimed, factory, row, running, submitted
 from tests.service.test_lifecycle import REQUEST as REQUEST_
 
@@ -227,11 +228,11 @@ def test_idempotency_keys_and_utc(factory):
     from datetime import UTC, datetime
 
     with transaction(factory) as session:
-        mine = repository.insert_verification(
+        mine = seed(
             session, submitted_by="alice", idempotency_key="k", request_sha256="r" * 64,
             request={"source_uri": "file:///m", "artifact_uri": "file:///m.gguf", "artifact_sha256": "a" * 64},
             policy={}, policy_sha256="p" * 64, max_attempts=3).id
-        repository.insert_verification(
+        seed(
             session, submitted_by="bob", idempotency_key="k2", request_sha256="r" * 64,
             request={"source_uri": "file:///m", "artifact_uri": "file:///m.gguf", "artifact_sha256": "a" * 64},
             policy={}, policy_sha256="p" * 64, max_attempts=3)

@@ -23,6 +23,7 @@ from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from tests.service.cdp import Browser
 from tests.service.conftest import add_token, settings_for, start_server
+from tests.service.seeding import seed
 from tests.service.test_exports import report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -57,7 +58,7 @@ def server(sqlite_url, tmp_path):
     ids = {}
     with transaction(session_factory(engine)) as session:
         for i in range(3):
-            verification = repository.insert_verification(
+            verification = seed(
                 session, submitted_by="alice", idempotency_key=f"k{i}", request_sha256="r" * 64, request=REQUEST,
                 policy={}, policy_sha256="p" * 64, max_attempts=3)
             ids[f"queued{i}"] = verification.id
@@ -70,7 +71,7 @@ def server(sqlite_url, tmp_path):
         for name, submitter, request in (("go", "bob", REQUEST | {"artifact_uri": "hf://org/m@x/go-model.gguf"}),
                                          ("nogo", "mallory", REQUEST | {"source_uri": HOSTILE}),
                                          ("failed", "carol", REQUEST)):
-            ids[name] = repository.insert_verification(
+            ids[name] = seed(
                 session, submitted_by=submitter, idempotency_key=name, request_sha256="r" * 64, request=request,
                 policy={}, policy_sha256="p" * 64, max_attempts=1).id
         finish(session, ids["go"], "GO")
@@ -182,11 +183,11 @@ def test_queue_json_and_table_on_both_databases(database, tmp_path):
     app = create_app(settings_for(database, tmp_path), run_dispatcher=False)
     with TestClient(app) as client, transaction(app.state.session_factory) as session:
         request = REQUEST | {"source_uri": HOSTILE, "artifact_uri": "hf://org/repo@x/model-q8_0.gguf"}
-        waiting = repository.insert_verification(
+        waiting = seed(
             session, submitted_by="pipeline-7", idempotency_key="w", request_sha256="r" * 64, request=request,
             policy={}, policy_sha256="p" * 64, max_attempts=3)
         repository.record_cluster_status(session, waiting, "<i>pending</i>", 4)
-        done = repository.insert_verification(
+        done = seed(
             session, submitted_by="pipeline-8", idempotency_key="d", request_sha256="r" * 64, request=request,
             policy={}, policy_sha256="p" * 64, max_attempts=3)
         finish(session, done.id, "NO-GO", ("gguf.offset_misaligned",))
@@ -211,7 +212,7 @@ def test_recent_finished_are_the_latest_to_finish_of_every_end_state(database):
 
     engine = make_engine(database)
     with transaction(session_factory(engine)) as session:
-        ids = {name: repository.insert_verification(
+        ids = {name: seed(
             session, submitted_by="p", idempotency_key=name, request_sha256="r" * 64, request=REQUEST, policy={},
             policy_sha256="p" * 64, max_attempts=1).id for name in ("go", "nogo", "failed", "cancelled", "queued")}
         finish(session, ids["nogo"], "NO-GO", ("tokenizer.ids_mismatch", "embedding.cosine_below_threshold"))

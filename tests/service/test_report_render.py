@@ -21,6 +21,7 @@ from service.persistence import repository
 from service.persistence.db import transaction
 from service.report_render import model_card, render_markdown, to_html, to_markdown
 from tests.service.conftest import add_token, settings_for
+from tests.service.seeding import seed
 
 NASTY = ("[link](https://evil.example/l) ![img](https://evil.example/i.png) <https://evil.example/auto> "
          "<img src=x onerror=alert(1)><a href='https://evil.example'>a</a><h1>h</h1><script>x()</script> "
@@ -168,7 +169,7 @@ def seed_hostile(factory) -> dict[str, str]:
         for name in ("verdict", "failed", "running"):
             request = {"source_uri": hostile("source uri"), "artifact_uri": hostile("artifact uri"),
                        "artifact_sha256": hostile("artifact sha256")}
-            verification = repository.insert_verification(
+            verification = seed(
                 session, submitted_by=hostile("submitter"), idempotency_key=name, request_sha256="r" * 64,
                 request=request, policy={"version": hostile("version")}, policy_sha256="p" * 64, max_attempts=1,
                 policy_origin="configured:" + hostile("policy name")[:60])

@@ -37,6 +37,7 @@ from service.persistence.worker_role import (
 )
 from tests.conftest import fixtures_root
 from tests.service.conftest import PG_ADMIN, settings_for
+from tests.service.seeding import seed
 from tests.service.worker_roles import restricted_worker_login
 
 REQUEST = {"source_uri": "hf://org/m@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
@@ -90,7 +91,7 @@ def factory(pg):
 
 def submitted(factory) -> str:
     with transaction(factory) as session:
-        return repository.insert_verification(
+        return seed(
             session, submitted_by="alice", idempotency_key=None, request_sha256="r" * 64, request=REQUEST,
             policy={"min_cosine": 0.99}, policy_sha256="p" * 64, max_attempts=3).id
 
