@@ -11,16 +11,14 @@ import logging
 import os
 import threading
 import time
-from typing import Any, TypeGuard, cast
-
-from sqlalchemy.orm import Session, sessionmaker
+from typing import Any
 
 from edge.inputs import fetch_and_verify, fetch_and_verify_shard
 from edge.redact import install_log_redaction, redact
 from edge.store import ContentStore
 from service.config import Settings
 from service.fetching import fetch_policy, input_uris
-from service.persistence.worker_channel import AttemptChannel, DirectChannel, channel_for
+from service.persistence.worker_channel import AttemptChannel, channel_for
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import ConvgateError
 from worker.gates.storage_parts import StoragePart
@@ -46,13 +44,12 @@ class Heartbeat:
     """Reports liveness and the latest progress every `interval` seconds from a background thread.
     A failed heartbeat (e.g. SQLite's "database is locked") is retried at the next beat; once none has
     gone through for a `lease`, the worker stops itself instead of running on while the dispatcher
-    declares it dead and starts another attempt. `beats` is the attempt's channel, or a session
-    factory for the direct path (what the local pool uses)."""
+    declares it dead and starts another attempt. `channel` is the attempt's channel: direct for the local
+    pool, restricted for a Kubernetes worker."""
 
-    def __init__(self, beats: AttemptChannel | sessionmaker[Session], verification_id: str, attempt: int,
-                 worker: str, *, interval: float, lease: float) -> None:
-        self.channel: AttemptChannel = beats if _is_channel(beats) else DirectChannel(
-            cast(sessionmaker[Session], beats), verification_id, attempt, worker)
+    def __init__(self, channel: AttemptChannel, verification_id: str, attempt: int, worker: str, *,
+                 interval: float, lease: float) -> None:
+        self.channel = channel
         self.verification_id, self.attempt, self.worker = verification_id, attempt, worker
         self.interval, self.lease = interval, lease
         self.progress: dict[str, Any] | None = None
@@ -105,10 +102,6 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
         imatrix_sha256=stored.get("imatrix_sha256"),
         shard_sha256=tuple(stored.get("artifact_shard_sha256") or ()),
     )
-
-
-def _is_channel(beats: object) -> TypeGuard[AttemptChannel]:
-    return callable(getattr(beats, "heartbeat", None))
 
 
 def run_verification(settings: Settings, verification_id: str, worker_name: str, attempt: int, *,

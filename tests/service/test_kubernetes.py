@@ -144,7 +144,7 @@ def test_create_refused_for_good_returns_the_verification_to_the_queue(harness, 
     assert "HTTP 403" in events[-1] and len(posts(cluster)) == 1
     with pytest.raises(KubeError) as info:
         cluster.create_faults = [422]
-        loop.dispatcher.create_job(build_job(loop.settings, verification_id, 9))
+        loop.dispatcher.view.create_job(build_job(loop.settings, verification_id, 9))
     assert info.value.retryable is False
 
 
@@ -216,7 +216,7 @@ def test_never_admitted_shows_its_queue_position(harness, cluster, sqlite_url, t
 
 def test_visibility_path_goes_out_unescaped(harness, cluster):
     loop, _ = harness
-    loop.dispatcher.pending_positions()
+    loop.dispatcher.view.pending_positions()
     visibility = [r.path for r in cluster.requests if "visibility" in r.path]
     assert visibility == ["/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/convgate/localqueues/convgate/"
                           "pendingworkloads"]

@@ -17,6 +17,7 @@ from service.job import AttemptSupersededError, Heartbeat
 from service.lifecycle import Reason, State
 from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
+from service.persistence.worker_channel import DirectChannel
 from tests.service.test_lifecycle import age_heartbeat, row, running, submitted
 
 
@@ -162,7 +163,8 @@ def test_heartbeat_retries_lock_errors_and_keeps_the_attempt(setup):
     verification_id = submitted(factory)
     attempt = running(factory, verification_id, "w")
     flaky = FlakyFactory(factory, failures=3)
-    with Heartbeat(flaky, verification_id, attempt, "w", interval=0.05, lease=30.0) as heart:
+    with Heartbeat(DirectChannel(flaky, verification_id, attempt, "w"), verification_id, attempt, "w",
+                   interval=0.05, lease=30.0) as heart:
         heart.update("storage", 1, 2)
         wait_for(lambda: flaky.calls >= 5)
         heart.update("storage", 2, 2)  # still ours: no exception
@@ -177,7 +179,8 @@ def test_a_worker_that_cannot_heartbeat_for_a_lease_stops_itself(setup):
     verification_id = submitted(factory)
     attempt = running(factory, verification_id, "w")
     flaky = FlakyFactory(factory, failures=10**6)
-    with Heartbeat(flaky, verification_id, attempt, "w", interval=0.05, lease=0.3) as heart:
+    with Heartbeat(DirectChannel(flaky, verification_id, attempt, "w"), verification_id, attempt, "w",
+                   interval=0.05, lease=0.3) as heart:
         heart.update("storage", 1, 2)
         wait_for(heart.lost.is_set)
         with pytest.raises(AttemptSupersededError, match="lease"):
@@ -190,7 +193,8 @@ def test_a_superseded_worker_stops(setup):
     attempt = running(factory, verification_id, "w")
     with transaction(factory) as session:
         repository.cancel(session, verification_id, "olga")
-    with Heartbeat(factory, verification_id, attempt, "w", interval=0.05, lease=30.0) as heart:
+    with Heartbeat(DirectChannel(factory, verification_id, attempt, "w"), verification_id, attempt, "w",
+                   interval=0.05, lease=30.0) as heart:
         heart.update("storage", 1, 2)
         wait_for(heart.superseded.is_set)
         with pytest.raises(AttemptSupersededError, match="superseded"):

@@ -51,20 +51,6 @@ class KubernetesDispatcher:
         # last refusal; counted per process, so a restart allows `refused_creates_before_failing` more
         self.refusals: dict[str, tuple[int, KubeError]] = {}
 
-    # kept as attributes for callers and tests that read the last poll
-    @property
-    def jobs(self) -> dict[str, dict[str, Any]]:
-        return self.view.jobs
-
-    def create_job(self, body: dict[str, Any]) -> None:
-        self.view.create_job(body)
-
-    def pending_positions(self) -> dict[str, int]:
-        return self.view.pending_positions()
-
-    def refresh(self) -> None:
-        self.view.refresh()
-
     # --- the Dispatcher protocol -------------------------------------------------------------
 
     def _status(self, job: dict[str, Any]) -> ClusterStatus:
