@@ -6,8 +6,8 @@ conversion is proven GO for (without and with an importance matrix, and by which
 the defects proven NO-GO. The suite itself makes the claims true: CI fails if any marked test
 fails, and `tests/unit/test_coverage_table.py` fails if the table in docs/coverage.md is not this output.
 
-    python scripts/coverage_table.py           # print the table
-    python scripts/coverage_table.py --write   # rewrite it in docs/coverage.md
+    python scripts/coverage_table.py           # print the table and the README's limitations
+    python scripts/coverage_table.py --write   # rewrite them in docs/coverage.md and README.md
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE_DOC = REPO / "docs" / "coverage.md"
+README = REPO / "README.md"
 START, END = "<!-- coverage-table:start -->", "<!-- coverage-table:end -->"
+LIMITS_START, LIMITS_END = "<!-- limitations:start -->", "<!-- limitations:end -->"
 TYPE_ORDER = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q5_K_M", "Q4_0", "Q4_1", "Q4_K",
               "Q4_K_M", "Q3_K", "Q3_K_M", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS",
               "IQ2_XXS", "IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0", "MXFP4")
@@ -85,26 +87,61 @@ def render(claims: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def replace_table(doc: str, table: str) -> str:
-    head, _, rest = doc.partition(START)
-    _, found, tail = rest.partition(END)
+def render_limitations(claims: list[dict[str, Any]]) -> str:
+    """The README's limitations, from the same claims as the table, so the two cannot disagree: which
+    architectures are mapped at all, and which types and architectures no test has taken through gate 2."""
+    families = sorted({claim["arch"].split(" (")[0] for claim in claims})
+    proven = [claim for claim in claims if claim["proves"] == "GO"]
+    widest: dict[str, set[str]] = defaultdict(set)
+    for claim in proven:
+        for name in claim["types"]:
+            widest[name] |= set(_gates(claim["gates"]).split("+"))
+    gate1_only = sorted((name for name, gates in widest.items() if "2" not in gates), key=_type_key)
+    models = [claim for claim in proven if "single tensors" not in claim["arch"]]  # not a model: one tensor each
+    no_runtime = sorted({claim["arch"] for claim in models} - {
+        claim["arch"] for claim in models if "2" in _gates(claim["gates"]).split("+")})
+    lines = [f"- Only these GGUF architectures are mapped: {', '.join(families)}. Any other is NO-GO "
+             "(`metadata.unsupported_architecture`), never a guess."]
+    if gate1_only:
+        lines.append("- Proven through gate 1 (storage) only, never through gate 2 (runtime): "
+                     f"{', '.join(gate1_only)}.")
+    if no_runtime:
+        lines.append(f"- No test takes these architectures through gate 2: {', '.join(no_runtime)}.")
+    return "\n".join(lines)
+
+
+def replace_between(doc: str, start: str, end: str, text: str, where: Path) -> str:
+    head, _, rest = doc.partition(start)
+    _, found, tail = rest.partition(end)
     if not found:
-        raise SystemExit(f"{TABLE_DOC.relative_to(REPO)} has no {START} ... {END} section")
-    return f"{head}{START}\n{table}\n{END}{tail}"
+        raise SystemExit(f"{where.relative_to(REPO)} has no {start} ... {end} section")
+    return f"{head}{start}\n{text}\n{end}{tail}"
+
+
+def replace_table(doc: str, table: str) -> str:
+    return replace_between(doc, START, END, table, TABLE_DOC)
+
+
+def between(doc: str, start: str, end: str) -> str:
+    return doc.partition(start)[2].partition(end)[0].strip()
 
 
 def current_table(doc: str) -> str:
-    return doc.partition(START)[2].partition(END)[0].strip()
+    return between(doc, START, END)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the table in docs/coverage.md")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the table in docs/coverage.md and the limitations in README.md")
     args = parser.parse_args()
-    table = render(collect_claims())
+    claims = collect_claims()
+    table, limitations = render(claims), render_limitations(claims)
     if args.write:
         TABLE_DOC.write_text(replace_table(TABLE_DOC.read_text(encoding="utf-8"), table), encoding="utf-8")
-    print(table)
+        README.write_text(replace_between(README.read_text(encoding="utf-8"), LIMITS_START, LIMITS_END,
+                                          limitations, README), encoding="utf-8")
+    print(table, limitations, sep="\n\n")
 
 
 if __name__ == "__main__":

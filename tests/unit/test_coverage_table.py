@@ -20,10 +20,32 @@ def _claim(arch: str, types: tuple[str, ...], proves: str = "GO", gates: str = "
             "gates": gates, "defect": defect}
 
 
-def test_docs_table_is_generated_from_the_marks():
+@pytest.fixture(scope="module")
+def claims() -> list[dict]:
+    return coverage_table.collect_claims()
+
+
+def test_docs_table_is_generated_from_the_marks(claims):
     doc = coverage_table.TABLE_DOC.read_text(encoding="utf-8")
-    generated = coverage_table.render(coverage_table.collect_claims())
+    generated = coverage_table.render(claims)
     assert coverage_table.current_table(doc) == generated, "run: python scripts/coverage_table.py --write"
+
+
+def test_the_readmes_limitations_are_generated_from_the_same_marks(claims):
+    """The README once listed as unsupported what the table showed covered: now both come from the marks."""
+    readme = coverage_table.README.read_text(encoding="utf-8")
+    found = coverage_table.between(readme, coverage_table.LIMITS_START, coverage_table.LIMITS_END)
+    assert found == coverage_table.render_limitations(claims), "run: python scripts/coverage_table.py --write"
+
+
+def test_limitations_name_the_types_and_architectures_gate_2_never_proved():
+    limitations = coverage_table.render_limitations([
+        _claim("llama", ("F16",), gates="1,2,3"), _claim("llama", ("IQ2_S",), gates="1"),
+        _claim("phi3", ("F16",), gates="1,3"), _claim("llama (single tensors)", ("TQ1_0",), gates="1"),
+        _claim("qwen2", ("Q4_0",), proves="NO-GO", defect="d")])
+    assert "llama, phi3, qwen2" in limitations
+    assert "gate 1 (storage) only, never through gate 2 (runtime): IQ2_S, TQ1_0." in limitations
+    assert "through gate 2: phi3." in limitations  # single tensors are not a model
 
 
 def test_the_table_lives_in_docs_coverage_md_alone():
