@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
@@ -11,7 +10,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from edge.redact import redact_uri
-from service import callbacks, verifications
+from service import callbacks, queue, verifications
 from service.api import access_log
 from service.api.deps import AsyncSessionDep, Principal, SessionDep, SettingsDep, bearer, require, require_on_loop
 from service.api.errors import ERRORS
@@ -20,7 +19,7 @@ from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR
 from service.config import Settings
 from service.lifecycle import State
 from service.persistence import callbacks as callback_store
-from service.persistence import repository, stats
+from service.persistence import repository
 from service.persistence.models import Verification
 from service.report_render import to_html, to_markdown
 from service.schemas import (
@@ -32,7 +31,6 @@ from service.schemas import (
     CallbacksOut,
     EventOut,
     Moment,
-    QueueItem,
     QueueOut,
     SubmitRequest,
     VerificationList,
@@ -217,25 +215,7 @@ def cancel_verification(verification_id: VerificationId, session: SessionDep,
     return verifications.to_out(session, verifications.cancel(session, verification, principal.name))
 
 
-def queue_snapshot(session: SessionDep, dispatcher: str) -> QueueOut:
-    moment = datetime.now(UTC)
-
-    def item(v: Verification) -> QueueItem:
-        created, started = repository.as_utc(v.created_at), repository.as_utc(v.started_at)
-        age = (moment - created).total_seconds()
-        return QueueItem(id=v.id, state=v.state, attempt=v.attempt, failed_attempts=v.failed_attempts or 0,
-                         age_seconds=age, progress=v.progress, worker=v.worker, reason=v.reason,
-                         cluster_status=v.cluster_status, queue_position=v.queue_position,
-                         submitted_by=v.submitted_by, artifact_uri=v.artifact_uri, source_uri=v.source_uri,
-                         wait_seconds=((started or moment) - created).total_seconds(),
-                         run_seconds=None if started is None else (moment - started).total_seconds())
-
-    oldest = repository.oldest_queued(session)
-    return QueueOut(counts=stats.state_counts(session), oldest_waiting=item(oldest) if oldest else None,
-                    active=[item(v) for v in repository.active(session)], dispatcher=dispatcher)
-
-
 @router.get("/queue", response_model=QueueOut)
 def read_queue(session: SessionDep, settings: SettingsDep,
                principal: Annotated[Principal, require(OPERATE)]) -> QueueOut:
-    return queue_snapshot(session, settings.dispatcher)
+    return queue.snapshot(session, settings.dispatcher)

@@ -25,13 +25,13 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import UI_COOKIE, Principal, SessionDep, SettingsDep, principal_for, require_ui
-from service.api.endpoints import queue_snapshot
 from service.api.pages_html import PAGES, login_page, page_principal, safe_next
 from service.api.ui_sessions import SESSION_SECONDS
 from service.attestations import KeyFileError
 from service.auth import OPERATE
 from service.persistence.recent import recent_finished
 from service.persistence.repository import as_utc
+from service.queue import snapshot as queue_snapshot
 from service.templating import render
 
 router = APIRouter(prefix="/ui")

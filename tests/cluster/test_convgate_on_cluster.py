@@ -415,7 +415,7 @@ def test_kueue_down_keeps_verifications_queued_with_a_reason(cluster, scenarios,
             assert verification.cluster_status == "job not created: Kueue's admission webhook is unavailable"
             assert verification.attempt >= 1 and verification.failed_attempts == 0  # one claim per refused create
         assert scenario.jobs() == []
-        from service.api.endpoints import queue_snapshot
+        from service.queue import snapshot as queue_snapshot
 
         with store.factory() as session:
             shown = {item.id: item for item in queue_snapshot(session, "kubernetes").active}
