@@ -162,7 +162,7 @@ def timed(label: str, work) -> tuple[float, object]:  # type: ignore[no-untyped-
 def verify(source: Path, artifact: Path, shard_sha256: list[str]) -> dict:
     """One full verification in a fresh process, measured from outside."""
     dropped = drop_page_cache()
-    argv = [sys.executable, "-m", "worker", "verify", "--source", str(source), "--artifact", str(artifact),
+    argv = [sys.executable, "-m", "service", "verify", "--source", str(source), "--artifact", str(artifact),
             "--gates", "1,2,3", "--texts", str(TEXTS), "--json", *(f"--shard-sha256={s}" for s in shard_sha256)]
     started = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -53,7 +53,7 @@ def run(args: list[str]) -> tuple[float, float, str]:
 
 
 def verify(source: Path, artifact: Path, gates: str, texts: Path) -> tuple[float, float, dict]:
-    wall, rss, out = run([sys.executable, "-m", "worker", "verify", "--source", str(source), "--artifact",
+    wall, rss, out = run([sys.executable, "-m", "service", "verify", "--source", str(source), "--artifact",
                           str(artifact), "--gates", gates, "--texts", str(texts), "--json"])
     return wall, rss, json.loads(out.rsplit("\n", 2)[0])
 

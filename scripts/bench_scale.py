@@ -157,7 +157,7 @@ def artifacts(source: Path, workdir: Path, types: list[str], fixtures: Path) -> 
 
 
 def verify(source: Path, artifact: Path, gates: str) -> tuple[float, float, float, dict]:
-    wall, rss, anon, out = child([sys.executable, "-m", "worker", "verify", "--source", str(source), "--artifact",
+    wall, rss, anon, out = child([sys.executable, "-m", "service", "verify", "--source", str(source), "--artifact",
                                   str(artifact), "--gates", gates, "--texts", str(TEXTS), "--json"])
     return wall, rss, anon, json.JSONDecoder().raw_decode(out)[0]
 

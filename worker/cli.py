@@ -1,4 +1,5 @@
-"""`convgate` command line. Printing and exit codes live here and nowhere else.
+"""`convgate verify`, the engine's command (registered on the one `convgate` command, service/cli.py).
+Printing and exit codes live here and nowhere else.
 
 Exit codes: 0 GO, 1 NO-GO, 2 could not run (usage error, unreadable source or artifact path),
 3 internal error (a bug in convgate, never a verdict: one line on stderr, the traceback only with
@@ -34,7 +35,6 @@ from worker.policy import load_policy
 from worker.resources import ThreadSettingError, cpu_budget
 from worker.summary import render_summary
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Verify model conversions before they ship.")
 stderr = Console(stderr=True)
 EXIT_GO, EXIT_NO_GO, EXIT_CANNOT_RUN, EXIT_INTERNAL = 0, 1, 2, 3
 _Command = TypeVar("_Command", bound=Callable[..., None])
@@ -58,11 +58,6 @@ def exits_3_on_internal_error(command: _Command) -> _Command:
             raise typer.Exit(EXIT_INTERNAL) from exc
 
     return cast(_Command, run)
-
-
-@app.callback()
-def _main() -> None:
-    """convgate: verifies Hugging Face -> GGUF conversions."""
 
 
 # The CLI reads what its user can read (file roots are the service's setting); https:// goes through
@@ -152,7 +147,6 @@ def _check_thread_setting() -> None:
         raise UsageError(str(exc)) from exc
 
 
-@app.command("verify")
 @exits_3_on_internal_error
 def verify_command(
     source: Annotated[str, typer.Option(help="Hugging Face model directory (path or file:// URI)")],

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from service.cli import app
 from tests.fuzz.hostile import CASES, Case, write_honest_pair
-from worker.cli import app
 
 pytestmark = pytest.mark.slow
 # one NO-GO from a hostile GGUF value, one refused source file, one refused safetensors header
@@ -48,6 +48,6 @@ def test_cli_gives_a_verdict_or_a_clear_error(tmp_path: Path, case: Case) -> Non
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in IN_A_PROCESS],
                          ids=[c.name for c in CASES if c.name in IN_A_PROCESS])
 def test_the_cli_process_gives_a_verdict_or_a_clear_error(tmp_path: Path, case: Case) -> None:
-    result = subprocess.run([sys.executable, "-m", "worker", *_hostile_pair(tmp_path, case)],
+    result = subprocess.run([sys.executable, "-m", "service", *_hostile_pair(tmp_path, case)],
                             capture_output=True, text=True, timeout=300, check=False)
     _assert_verdict_or_clear_error(result.returncode, result.stdout, result.stderr)

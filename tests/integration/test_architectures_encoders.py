@@ -75,7 +75,7 @@ def test_xlm_roberta_positions_without_the_slice_are_no_go(xlm_roberta: Path, tm
     assert blocked_tensors(report, "tensor.value_mismatch") == {"position_embd.weight"}
 
 
-CONVGATE = [sys.executable, "-m", "worker", "verify"]
+CONVGATE = [sys.executable, "-m", "service", "verify"]
 
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ import pytest
 from tests.gguf_bytes import GGUFBytes, gguf_string
 
 pytestmark = pytest.mark.slow
-CONVGATE = [sys.executable, "-m", "worker"]
+CONVGATE = [sys.executable, "-m", "service"]
 
 
 def convgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -119,12 +119,12 @@ def report():
         out.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
 atexit.register(report)
 sys.argv = ["convgate", *sys.argv[1:]]
-runpy.run_module("worker", run_name="__main__")
+runpy.run_module("service", run_name="__main__")
 """
 
 
 def peak_rss_mib(args: list[str], tmp_path: Path) -> tuple[int, float]:
-    """Exit code and peak RSS (VmHWM, as the child itself reads it at exit) of `python -m worker ARGS`."""
+    """Exit code and peak RSS (VmHWM, as the child itself reads it at exit) of `python -m service ARGS`."""
     target = tmp_path / "peak-kib"
     env = dict(os.environ, PEAK_RSS_FILE=str(target))
     process = subprocess.run([sys.executable, "-c", MEASURE_ITSELF, *args], env=env, check=False,

@@ -56,7 +56,7 @@ def one_cpu_groups():
 
 
 def _verify_in(group: Path, minilm: Path) -> tuple[float, dict]:
-    command = [sys.executable, "-m", "worker", "verify", "--source", str(minilm / "source"), "--artifact",
+    command = [sys.executable, "-m", "service", "verify", "--source", str(minilm / "source"), "--artifact",
                str(minilm / "minilm-Q8_0.gguf"), "--gates", "1,2,3", "--json", "--texts", str(ENGLISH)]
     env = {key: value for key, value in os.environ.items() if key != "CONVGATE_THREADS"}
     started = time.perf_counter()
