@@ -20,6 +20,7 @@ from service.config import Settings
 from service.fetching import uri_policy
 from service.persistence import callbacks as store
 from service.persistence import repository
+from service.persistence.clock import now
 from service.persistence.db import transaction
 from service.persistence.models import CallbackDelivery
 from service.ticker import Ticker
@@ -62,10 +63,10 @@ class CallbackLoop(Ticker):
         status_code, error = self._send(url, secret, summary, delivery)
         delivered = status_code is not None and 200 <= status_code < 300
         delay = None if delivered else callbacks.retry_delay(self.settings, attempt)
-        moment = repository.now()
         outcome = (store.CallbackState.DELIVERED if delivered else
                    store.CallbackState.FAILED if delay is None else store.CallbackState.PENDING)
         with transaction(self.factory) as session:
+            moment = now(session)
             store.record(session, CallbackDelivery(
                 verification_id=verification_id, delivery_id=delivery, attempt=attempt, at=moment,
                 status_code=status_code, error=error, next_retry_at=None if delay is None else moment + delay),

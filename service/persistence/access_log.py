@@ -13,8 +13,9 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from edge.redact import HIDDEN, redact_uri
+from service.persistence.clock import now
 from service.persistence.models import AccessLogRecord
-from service.persistence.repository import instant, now
+from service.persistence.repository import instant
 
 # Query values kept as sent: parameters whose value the endpoints only accept in a closed shape that
 # cannot carry a secret, and only when the value has that shape. A URI filter is stored redacted like
@@ -52,7 +53,7 @@ def record_access(session: Session, *, principal: str, role: str, action: str, p
                   query: dict[str, str], verification_id: str | None = None) -> None:
     """One INSERT, sent now (a failing write fails the read); nothing is read back, so no ORM object.
     The query is stored through `redacted_query`, whoever calls."""
-    session.execute(_APPEND, {"at": now(), "principal": principal, "role": role, "action": action,
+    session.execute(_APPEND, {"at": now(session), "principal": principal, "role": role, "action": action,
                               "verification_id": verification_id, "path": path, "query": redacted_query(query)})
 
 

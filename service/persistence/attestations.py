@@ -10,8 +10,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from service.persistence.clock import now
 from service.persistence.models import Attestation
-from service.persistence.repository import now
 
 
 def envelope_for(session: Session, verification_id: str) -> dict[str, Any] | None:
@@ -22,7 +22,7 @@ def store_once(session: Session, verification_id: str, keyid: str, envelope: dic
     """Insert unless a row exists (ON CONFLICT DO NOTHING on both databases), then return the stored envelope."""
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     session.execute(insert(Attestation).values(verification_id=verification_id, keyid=keyid, envelope=envelope,
-                                               created_at=now())
+                                               created_at=now(session))
                     .on_conflict_do_nothing(index_elements=[Attestation.verification_id]))
     return session.scalars(select(Attestation.envelope)
                            .where(Attestation.verification_id == verification_id)).one()

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import TERMINAL
+from service.persistence.clock import now
 from service.persistence.models import CallbackDelivery, CallbackSecret, Verification
-from service.persistence.repository import now
 
 
 class CallbackState(StrEnum):
@@ -27,10 +27,10 @@ class CallbackState(StrEnum):
 def replace_secret(session: Session, submitter: str, secret: str) -> CallbackSecret:
     row = session.get(CallbackSecret, submitter)
     if row is None:
-        row = CallbackSecret(submitter=submitter, secret=secret, created_at=now())
+        row = CallbackSecret(submitter=submitter, secret=secret, created_at=now(session))
         session.add(row)
     else:
-        row.secret, row.created_at = secret, now()
+        row.secret, row.created_at = secret, now(session)
     session.flush()
     return row
 
@@ -46,13 +46,13 @@ def _due(moment: datetime) -> list[ColumnElement[bool]]:
 
 def due(session: Session, limit: int) -> list[str]:
     """Verifications whose callback should be attempted now, longest waiting first."""
-    return list(session.scalars(select(Verification.id).where(*_due(now()))
+    return list(session.scalars(select(Verification.id).where(*_due(now(session)))
                                 .order_by(Verification.callback_due_at, Verification.id).limit(limit)))
 
 
 def claim(session: Session, verification_id: str, lease: timedelta) -> bool:
     """Take one due delivery for `lease`: a process that dies while sending leaves it due again after it."""
-    moment = now()
+    moment = now(session)
     result = session.execute(update(Verification).where(Verification.id == verification_id, *_due(moment))
                              .values(callback_due_at=moment + lease).execution_options(synchronize_session=False))
     return cast(CursorResult, result).rowcount == 1

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.persistence.clock import CLOCK, SYSTEM_CLOCK, Clock
+
 if TYPE_CHECKING:  # the asyncio side is the API's alone (its extra installs greenlet and aiosqlite)
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -79,14 +81,15 @@ def make_async_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIM
                                max_overflow=ASYNC_CONNECTIONS, pool_pre_ping=True)
 
 
-def session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+def session_factory(engine: Engine, clock: Clock = SYSTEM_CLOCK) -> sessionmaker[Session]:
+    """Sessions that read the time from `clock` (service/persistence/clock.py)."""
+    return sessionmaker(engine, expire_on_commit=False, info={CLOCK: clock})
 
 
-def async_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+def async_session_factory(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK) -> async_sessionmaker[AsyncSession]:
     from sqlalchemy.ext.asyncio import async_sessionmaker
 
-    return async_sessionmaker(engine, expire_on_commit=False)
+    return async_sessionmaker(engine, expire_on_commit=False, info={CLOCK: clock})
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
 from service.persistence import submission_insert
+from service.persistence.clock import now
 from service.persistence.cursors import decode_verification_cursor, encode_verification_cursor
 from service.persistence.models import (
     FileDigestRecord,
@@ -24,10 +25,6 @@ from service.persistence.models import (
     Verification,
     VerificationEvent,
 )
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 @overload
@@ -52,16 +49,15 @@ def instant(moment: datetime) -> datetime:
 
 def _event(session: Session, verification_id: str, from_state: str | None, to_state: str, attempt: int,
            reason: Reason | None, message: str) -> None:
-    session.add(VerificationEvent(verification_id=verification_id, at=now(), from_state=from_state,
+    session.add(VerificationEvent(verification_id=verification_id, at=now(session), from_state=from_state,
                                   to_state=to_state, attempt=attempt, message=message, reason_code=reason))
 
 
-def _new_row(*, submitted_by: str, idempotency_key: str | None, request_sha256: str, request: dict[str, Any],
-             policy: dict[str, Any], policy_sha256: str, max_attempts: int,
+def _new_row(moment: datetime, *, submitted_by: str, idempotency_key: str | None, request_sha256: str,
+             request: dict[str, Any], policy: dict[str, Any], policy_sha256: str, max_attempts: int,
              policy_origin: str | None = None, **optional: Any) -> dict[str, Any]:
     """A queued verification's columns; its id is made here. `optional`: the reuse key and the
     callback's columns (revision 0009), written only when given."""
-    moment = now()
     return dict(
         id=str(uuid.uuid4()), submitted_by=submitted_by, idempotency_key=idempotency_key,
         request_sha256=request_sha256, source_uri=request["source_uri"], artifact_uri=request["artifact_uri"],
@@ -76,7 +72,7 @@ def insert_unless_known(session: Session, **columns: Any) -> Verification | None
     """The new verification and its event, or None when the submitter already used `idempotency_key`:
     the INSERT yields to the unique index (ON CONFLICT DO NOTHING, waiting for a concurrent duplicate
     to commit or roll back) instead of failing, so a submission needs no savepoint and no SELECT first."""
-    row = _new_row(**columns)
+    row = _new_row(now(session), **columns)
     if not submission_insert.insert_queued(session, row):
         return None
     # Built from what was written, not read back: an ORM insert RETURNING the whole row cost as much
@@ -176,7 +172,7 @@ def _required(value: Any, guard: Guard) -> Any:
     return value
 
 
-def _guard(guard: Guard, fence: Fence) -> ColumnElement[bool]:
+def _guard(session: Session, guard: Guard, fence: Fence) -> ColumnElement[bool]:
     failed_after = Verification.failed_attempts + 1
     if guard == Guard.ATTEMPT:
         return Verification.attempt == _required(fence.attempt, guard)
@@ -191,7 +187,8 @@ def _guard(guard: Guard, fence: Fence) -> ColumnElement[bool]:
         return failed_after < Verification.max_attempts
     if guard == Guard.NO_RETRY_LEFT:
         return failed_after >= Verification.max_attempts
-    cutoff = now() - _required(fence.lease, guard)  # Guard.LEASE_EXPIRED
+    lease = _required(fence.lease, guard)  # Guard.LEASE_EXPIRED
+    cutoff = now(session) - lease
     return func.coalesce(Verification.heartbeat_at, Verification.updated_at) < cutoff
 
 
@@ -206,12 +203,12 @@ def _apply(session: Session, action: Action, verification_id: str, *, fence: Fen
     event. None when the lifecycle or a guard refuses (someone else won); the row never changes then.
     `detail` (with `reason`) becomes what operators see as the verification's reason."""
     transition = TRANSITIONS[action]
-    changes: dict[str, Any] = {"state": transition.target, "updated_at": now(), **values}
+    guards = [_guard(session, guard, fence) for guard in sorted(transition.guards)]  # a missing value raises first
+    changes: dict[str, Any] = {"state": transition.target, "updated_at": now(session), **values}
     if transition.counts_failure:
         changes["failed_attempts"] = Verification.failed_attempts + 1
     if detail is not None:
         changes |= {"reason": detail, "reason_code": reason}
-    guards = [_guard(guard, fence) for guard in sorted(transition.guards)]
     observed = _state(session, verification_id)
     while observed is not None and observed in transition.sources:
         statement = (update(Verification).where(Verification.id == verification_id, Verification.state == observed,
@@ -233,7 +230,7 @@ def _apply(session: Session, action: Action, verification_id: str, *, fence: Fen
 def claim(session: Session, verification_id: str, worker: str) -> Verification | None:
     """The dispatcher takes a queued verification: the next attempt number is assigned now, and the
     heartbeat restarts, so the lease counts from this dispatch."""
-    moment = now()
+    moment = now(session)
     return _apply(session, Action.CLAIM, verification_id, reason=Reason.DISPATCHED, message=f"dispatched to {worker}",
                   attempt=Verification.attempt + 1, worker=worker, heartbeat_at=moment, progress=None)
 
@@ -252,7 +249,7 @@ def start_attempt(session: Session, verification_id: str, worker: str, *, attemp
     """A worker takes exactly the attempt it was launched for: the one waiting to start or, as a
     replacement pod of the same Job, the one a disrupted pod was running (no failure counted). None
     for an older or newer attempt, a second start by the same worker, a cancelled or finished one."""
-    moment = now()
+    moment = now(session)
     started = _apply(session, Action.START, verification_id, fence=Fence(attempt=attempt), reason=Reason.STARTED,
                      message=f"attempt {attempt} started by {worker}", worker=worker, started_at=moment,
                      heartbeat_at=moment, progress=None)
@@ -281,7 +278,7 @@ def heartbeat(session: Session, verification_id: str, attempt: int, progress: di
               worker: str) -> bool:
     """Record liveness and progress; False when this worker's attempt is no longer the current one."""
     return _apply(session, Action.HEARTBEAT, verification_id, fence=Fence(attempt=attempt, worker=worker),
-                  heartbeat_at=now(), progress=progress) is not None
+                  heartbeat_at=now(session), progress=progress) is not None
 
 
 def record_verdict(session: Session, verification_id: str, attempt: int, report: dict[str, Any], *,
@@ -291,11 +288,11 @@ def record_verdict(session: Session, verification_id: str, attempt: int, report:
     verdict_value = report["verdict"]
     if _apply(session, Action.VERDICT, verification_id, fence=Fence(attempt=attempt, worker=worker),
               reason=Reason.VERDICT, message=f"verdict {verdict_value} (attempt {attempt})",
-              verdict_result=verdict_value, finished_at=now(), progress=None) is None:
+              verdict_result=verdict_value, finished_at=now(session), progress=None) is None:
         return False
     verdict = Verdict(verification_id=verification_id, attempt=attempt, verdict=verdict_value,
                       blocker_codes=sorted({b["code"] for b in report["blockers"]}), report=report,
-                      created_at=now())
+                      created_at=now(session))
     session.add(verdict)
     session.flush()
     for name, gate in report["gates"].items():
@@ -324,7 +321,7 @@ def end_attempt_without_verdict(session: Session, verification_id: str, attempt:
     for action, outcome in ((retry, "retrying"), (last, "no attempts left")):
         if _apply(session, action, verification_id, fence=fence, reason=reason, detail=detail,
                   message=f"attempt {attempt} failed: {detail}; {outcome}", progress=None,
-                  **({"finished_at": now()} if action == last else {})) is not None:
+                  **({"finished_at": now(session)} if action == last else {})) is not None:
             return TRANSITIONS[action].target
     return _state(session, verification_id) or "missing"
 
@@ -333,14 +330,14 @@ def fail_permanently(session: Session, verification_id: str, attempt: int, detai
                      reason: Reason = Reason.SOURCE_UNAVAILABLE) -> bool:
     """No verdict is possible (e.g. the source cannot be read): no retry."""
     return _apply(session, Action.GIVE_UP, verification_id, fence=Fence(attempt=attempt, worker=worker),
-                  reason=reason, message=detail, detail=detail, finished_at=now(), progress=None) is not None
+                  reason=reason, message=detail, detail=detail, finished_at=now(session), progress=None) is not None
 
 
 def fail_unlaunchable(session: Session, verification_id: str, detail: str, message: str) -> bool:
     """The dispatcher gives up on a queued verification whose worker can never be started (the API
     server refused its Job for good, repeatedly)."""
     return _apply(session, Action.REFUSE, verification_id, reason=Reason.DISPATCH_REFUSED, message=message,
-                  detail=detail, finished_at=now(), progress=None) is not None
+                  detail=detail, finished_at=now(session), progress=None) is not None
 
 
 def release_evicted(session: Session, verification_id: str, attempt: int, detail: str, dispatcher: str) -> bool:
@@ -348,20 +345,21 @@ def release_evicted(session: Session, verification_id: str, attempt: int, detail
     counted; the evicted worker's writes no longer match."""
     return _apply(session, Action.EVICT, verification_id, fence=Fence(attempt=attempt), reason=Reason.EVICTED,
                   message=f"{detail}: waiting for re-admission", detail=detail, worker=dispatcher,
-                  heartbeat_at=now(), progress=None) is not None
+                  heartbeat_at=now(session), progress=None) is not None
 
 
 def cancel(session: Session, verification_id: str, by: str) -> Verification | None:
     """Cancel unless it already ended; returns the verification as it now is (a verdict that was
     committed first wins, and is what the caller sees)."""
     cancelled = _apply(session, Action.CANCEL, verification_id, reason=Reason.CANCELLED,
-                       message=f"cancelled by {by}", detail=f"cancelled by {by}", finished_at=now(), progress=None)
+                       message=f"cancelled by {by}", detail=f"cancelled by {by}", finished_at=now(session),
+                       progress=None)
     return cancelled or get_verification(session, verification_id)
 
 
 def stale_attempts(session: Session, lease: timedelta) -> list[Verification]:
     """Running or dispatched verifications whose worker stopped heartbeating."""
-    cutoff = now() - lease
+    cutoff = now(session) - lease
     return list(session.scalars(select(Verification).where(
         Verification.state.in_(IN_FLIGHT),
         func.coalesce(Verification.heartbeat_at, Verification.updated_at) < cutoff)))

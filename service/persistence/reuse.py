@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.lifecycle import Reason, State
 from service.persistence import repository
+from service.persistence.clock import now
 from service.persistence.models import Verdict, Verification, VerificationEvent
 
 CANDIDATES = 5  # newest first: an older one was written by the same verifier or an older one
@@ -44,7 +45,7 @@ def reusable(session: Session, key: str, same_verifier: Callable[[object], bool]
 def insert_reused(session: Session, found: Reusable, **columns: Any) -> Verification | None:
     """A verification already completed with a copy of `verdict` (copied inside the database: a report
     can be large), its one event, no attempt; None when the submitter already used the idempotency key."""
-    row = repository._new_row(**columns)  # the one place a verification's columns are made
+    row = repository._new_row(now(session), **columns)  # the one place a verification's columns are made
     row |= {"state": State.COMPLETED, "verdict_result": found.verdict, "finished_at": row["created_at"],
             "reused_from": found.original_id}
     if session.scalar(_INSERT_UNLESS_KNOWN[session.get_bind().dialect.name], row) is None:

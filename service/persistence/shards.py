@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.lifecycle import State
 from service.persistence import repository
+from service.persistence.clock import now
 from service.persistence.models import Gate1Shard, Verification
 from worker.engine import merge_shards
 from worker.errors import ConvgateError
@@ -80,7 +81,7 @@ def record_shard(session: Session, verification_id: str, attempt: int, worker: s
     if any(row.shard == shard for row in stored):
         return True
     session.add(Gate1Shard(verification_id=verification_id, attempt=attempt, shard=shard, shards=shards,
-                           payload=payload, created_at=repository.now()))
+                           payload=payload, created_at=now(session)))
     session.flush()
     if len(stored) + 1 < shards:
         return True

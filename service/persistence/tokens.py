@@ -8,12 +8,12 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
+from service.persistence.clock import now
 from service.persistence.models import ApiToken
-from service.persistence.repository import now
 
 
 def add_token(session: Session, name: str, role: str, token_sha256: str) -> ApiToken:
-    token = ApiToken(name=name, role=role, token_sha256=token_sha256, created_at=now())
+    token = ApiToken(name=name, role=role, token_sha256=token_sha256, created_at=now(session))
     session.add(token)
     session.flush()
     return token
@@ -36,7 +36,7 @@ _NAME_AND_ROLE = select(ApiToken.name, ApiToken.role).where(ApiToken.token_sha25
 
 def revoke_token(session: Session, name: str) -> bool:
     result = session.execute(update(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
-                             .values(revoked_at=now()))
+                             .values(revoked_at=now(session)))
     return cast(CursorResult, result).rowcount == 1
 
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.persistence import repository
+from service.persistence.clock import now
 from service.persistence.models import WorkerReport
 from service.persistence.worker_channel import SessionAttempt
 from worker.errors import ConvgateError
@@ -101,6 +101,6 @@ def apply_worker_reports(session: Session, limit: int = 500) -> int:
         except Exception:  # one report the repository chokes on must not stop the others
             log.exception("verification %s: %s report not applied", report.verification_id, report.kind)
             outcome = INVALID  # its savepoint rolled back whatever it had begun
-        report.applied_at, report.outcome = repository.now(), outcome
+        report.applied_at, report.outcome = now(session), outcome
     session.flush()
     return len(reports)

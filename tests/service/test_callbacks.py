@@ -22,6 +22,7 @@ from sqlalchemy import select
 from service.api.app import create_app
 from service.auth import Role
 from service.persistence import repository
+from service.persistence.clock import SYSTEM_CLOCK
 from service.persistence.db import transaction
 from service.persistence.models import AccessLogRecord
 from tests.service.conftest import add_token, settings_for
@@ -312,7 +313,7 @@ def test_due_deliveries_are_claimed_once_in_batches_and_recorded_on_their_own_ro
         assert not store.claim(session, waiting, timedelta(minutes=5))
         assert store.due(session, 10) == ids[1:]
     first, second = ids
-    moment = repository.now()
+    moment = SYSTEM_CLOCK.now()
     with transaction(factory) as session:  # a failed attempt with a retry an hour away: not due until then
         store.record(session, CallbackDelivery(verification_id=first, delivery_id="d", attempt=1, at=moment,
                                                status_code=500, next_retry_at=moment + timedelta(hours=1)),

@@ -16,6 +16,7 @@ from service.dispatch.kube.job_manifest import ALLOWED_RESOURCES, build_job, job
 from service.dispatch.loop import DispatchLoop
 from service.lifecycle import State
 from service.persistence import repository
+from service.persistence.clock import ManualClock
 from service.persistence.db import make_engine, session_factory, transaction
 from tests.service.fake_kube import FakeCluster, serve
 from tests.service.seeding import seed
@@ -264,16 +265,15 @@ def test_failed_job_is_retried_as_a_new_attempt_with_a_new_job(harness, cluster)
 
 def test_restarted_dispatcher_does_not_end_jobs_waiting_longer_than_the_lease(cluster, sqlite_url, tmp_path):
     """The regression the real cluster found (tests/cluster: restart while waiting), at the HTTP boundary."""
-    import time
-
     config = settings(tmp_path, sqlite_url).model_copy(update={"lease_seconds": 0.3})
     engine = make_engine(sqlite_url)
-    factory = session_factory(engine)
+    clock = ManualClock()
+    factory = session_factory(engine, clock)
     first = DispatchLoop(dispatcher_for(cluster, config), factory, config)
     verification_id = new_verification(factory)
     first.tick()
     first.dispatcher.shutdown()
-    time.sleep(0.6)  # the Job has waited in Kueue longer than the lease
+    clock.advance(2 * config.lease_seconds)  # the Job has waited in Kueue longer than the lease
     restarted = DispatchLoop(dispatcher_for(cluster, config), factory, config)
     restarted.tick()
     restarted.tick()

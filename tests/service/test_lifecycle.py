@@ -22,6 +22,7 @@ from service.lifecycle import (
 )
 from service.lifecycle import check_transition as check
 from service.persistence import repository
+from service.persistence.clock import SYSTEM_CLOCK
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import Verification
 from tests.service.seeding import seed
@@ -81,7 +82,7 @@ def row(factory, verification_id: str) -> Verification:
 def age_heartbeat(factory, verification_id: str, by: timedelta) -> None:
     with transaction(factory) as session:
         session.execute(update(Verification).where(Verification.id == verification_id)
-                        .values(heartbeat_at=repository.now() - by, updated_at=repository.now() - by))
+                        .values(heartbeat_at=SYSTEM_CLOCK.now() - by, updated_at=SYSTEM_CLOCK.now() - by))
 
 
 def assert_event_chain(factory, verification_id: str) -> None:

@@ -31,6 +31,7 @@ from sqlalchemy import func, select, update
 
 from service.lifecycle import ACTIVE, IN_FLIGHT, TERMINAL, Reason, State
 from service.persistence import repository
+from service.persistence.clock import SYSTEM_CLOCK
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import Verdict, Verification, VerificationEvent
 from tests.service.seeding import seed
@@ -176,7 +177,7 @@ class Lifecycle(RuleBasedStateMachine):
         if expired:
             with transaction(self.factory) as session:
                 session.execute(update(Verification).where(Verification.id == verification_id)
-                                .values(heartbeat_at=repository.now() - 2 * LEASE))
+                                .values(heartbeat_at=SYSTEM_CLOCK.now() - 2 * LEASE))
         with transaction(self.factory) as session:
             for stale in repository.stale_attempts(session, LEASE):
                 if stale.id == verification_id:

@@ -10,6 +10,7 @@ from sqlalchemy import text, update
 
 from service.lifecycle import Reason, State
 from service.persistence import repository, stats
+from service.persistence.clock import SYSTEM_CLOCK
 from service.persistence.db import transaction
 from service.persistence.models import Verification
 from tests.service.seeding import seed
@@ -22,7 +23,7 @@ __all__ = ["factory"]  # the two-database fixture, shared
 def backdate(factory, verification_id: str, minutes: int) -> None:
     with transaction(factory) as session:
         session.execute(update(Verification).where(Verification.id == verification_id)
-                        .values(created_at=repository.now() - timedelta(minutes=minutes)))
+                        .values(created_at=SYSTEM_CLOCK.now() - timedelta(minutes=minutes)))
 
 
 def test_claim_queued_takes_the_oldest_first_and_at_most_limit(factory):
@@ -167,7 +168,7 @@ def test_verdict_rows_carry_the_evidence(factory):
 
 def test_same_moment_rows_are_ordered_by_id_and_paged_without_gaps(factory):
     ids = [submitted(factory) for _ in range(4)]
-    moment = repository.now() - timedelta(minutes=1)
+    moment = SYSTEM_CLOCK.now() - timedelta(minutes=1)
     with transaction(factory) as session:
         session.execute(update(Verification).where(Verification.id.in_(ids)).values(created_at=moment))
     seen, cursor = [], None
@@ -258,7 +259,7 @@ def last_event(factory, verification_id: str) -> tuple:
 
 
 def test_every_transition_writes_its_columns_and_its_event(factory):
-    old = repository.now() - timedelta(hours=1)
+    old = SYSTEM_CLOCK.now() - timedelta(hours=1)
     verification_id = submitted(factory)
     first = row(factory, verification_id)
     assert (first.request, first.attempt, first.failed_attempts) == (REQUEST_, 0, 0)
@@ -332,7 +333,7 @@ def test_the_last_failure_and_a_cancel_write_their_columns(factory):
 
 
 def test_stale_means_in_flight_with_an_old_heartbeat(factory):
-    old = repository.now() - timedelta(hours=1)
+    old = SYSTEM_CLOCK.now() - timedelta(hours=1)
     queued, flying = submitted(factory), submitted(factory)
     running(factory, flying)
     set_columns(factory, queued, updated_at=old)

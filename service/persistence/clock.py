@@ -1,0 +1,44 @@
+"""The one place the service reads the time for what it stores and compares (leases, retries, event
+times): the clock of the session's factory. Production's factories use the system clock; a test gives
+its factory a clock it moves by hand, instead of sleeping until a lease runs out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from sqlalchemy.orm import Session
+
+CLOCK = "convgate_clock"  # the key in a session's `info` (set by its factory, `db.session_factory`)
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """The current time, timezone-aware UTC."""
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+class ManualClock:
+    """A clock that stands still until moved: for tests of leases, backoffs and grace periods."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.moment = start or datetime.now(UTC)
+
+    def now(self) -> datetime:
+        return self.moment
+
+    def advance(self, seconds: float) -> None:
+        self.moment += timedelta(seconds=seconds)
+
+
+def now(session: Session) -> datetime:
+    """The time by the clock `session`'s factory was given (the system's by default)."""
+    clock: Clock = session.info.get(CLOCK, SYSTEM_CLOCK)
+    return clock.now()
