@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 import worker.cli
+from service.cli import app
 from service.cli import app as service_app
 from tests.fuzz.hostile import write_honest_pair
-from worker.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_INTERNAL, EXIT_NO_GO, app
+from worker.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_INTERNAL, EXIT_NO_GO
 
 
 def _boom(*_args: object, **_kwargs: object) -> None:
