@@ -49,7 +49,7 @@ ENVIRONMENT_PACKAGES = ("convgate", "gguf", "numpy", "llama-cpp-python", "transf
 class SourceUnavailableError(ConvgateError):
     """The source model cannot be read at all: no verdict is possible (CLI exit 2)."""
 
-    code = "source.unavailable"
+    code = "engine.source_unavailable"
 
 
 @dataclass(frozen=True, kw_only=True)

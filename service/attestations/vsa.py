@@ -17,6 +17,7 @@ operator's key, its subject digest is the artifact's, `verifier.id` is convgate'
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC
 from typing import Annotated, Any, Literal
 
@@ -77,7 +78,7 @@ def build_vsa(attested: Attested) -> VsaStatement:
     artifact = report.get("artifact") or {"uri": attested.artifact_uri, "sha256": attested.artifact_sha256}
     passed = report["verdict"] == "GO"
     policy = report.get("policy") or {}
-    if not isinstance(policy.get("sha256"), str):
+    if not isinstance(policy.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", policy["sha256"]):
         raise SummaryUnavailableError(f"verification {attested.verification_id}: its report records no policy hash")
     environment = report.get("environment") or {}
     versions = {name: str(environment[name]) for name in ("convgate", "llama-cpp-python", "transformers", "gguf")

@@ -31,7 +31,7 @@ from service.persistence import repository
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import FileDigestRecord, Verdict, Verification
 from service.schemas import SubmitRequest
-from service.verifications import submit
+from service.verifications import admit, submit
 
 from .api import Api
 from .cluster import REPO, Cluster
@@ -205,7 +205,8 @@ class Db:
 
     def submit(self, request: SubmitRequest | None = None, submitter: str = "alice") -> str:
         with transaction(self.factory) as session:
-            return submit(session, self.settings, submitter, request or minilm_request(), None)[0].id
+            admitted = admit(self.settings, request or minilm_request())
+            return submit(session, self.settings, submitter, admitted, None)[0].id
 
     def get(self, verification_id: str) -> Verification:
         with self.factory() as session:

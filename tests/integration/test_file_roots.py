@@ -18,7 +18,7 @@ from edge.store import ContentStore
 from edge.uri_policy import UriPolicy
 from service.config import Settings
 from service.schemas import SubmitRequest
-from service.verifications import SubmissionError, submit
+from service.verifications import SubmissionError, admit
 from worker.engine import VerifyRequest
 from worker.errors import SourceError
 from worker.formats.source import open_source
@@ -99,8 +99,8 @@ def test_release_files_are_checked_in_the_worker_as_at_submission(tmp_path, layo
     assert "outside the allowed file roots" in report.blockers[0].why or "not a local file" in report.blockers[0].why
     settings = Settings(database_url="sqlite://", allow_file_uris=True, file_roots=(root,))
     with pytest.raises(SubmissionError, match=r"outside the allowed file roots|release files are file://"):
-        submit(None, settings, "alice", SubmitRequest(source_uri=(root / "m").as_uri(),
-               artifact_uri=(root / "m.gguf").as_uri(), artifact_sha256="a" * 64, release_files=[uri]), None)
+        admit(settings, SubmitRequest(source_uri=(root / "m").as_uri(), artifact_uri=(root / "m.gguf").as_uri(),
+                                      artifact_sha256="a" * 64, release_files=[uri]))
 
 
 def test_release_files_inside_the_roots_reach_the_engine(tmp_path, layout):

@@ -37,7 +37,7 @@ _FFN_INP = re.compile(rb"ffn_inp-(\d+)")
 class TraceError(ConvgateError):
     """llama.cpp could not be traced layer by layer (no context, decode failed, layer outputs missing)."""
 
-    code = "runtime.trace_failed"
+    code = "engine.trace_failed"
 
 
 class _Tensor(ctypes.Structure):

@@ -24,7 +24,7 @@ from worker.resources import cpu_budget
 class CandidateLoadError(ConvgateError):
     """llama.cpp could not load the GGUF."""
 
-    code = "runtime.candidate_load_failed"
+    code = "engine.candidate_load_failed"
 
 
 LLAMA_POOLING_RANK = 4  # enum llama_pooling_type: a classification head's score per sequence

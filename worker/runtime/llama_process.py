@@ -39,7 +39,7 @@ STDERR_TAIL_BYTES = 4096
 class LlamaCrashedError(ConvgateError):
     """The llama.cpp child died (a signal, an exit or the deadline) while loading or answering a call."""
 
-    code = "runtime.llama_crashed"
+    code = "engine.llama_crashed"
 
     def __init__(self, during: str, cause: str, stderr_tail: str) -> None:
         self.during = during
@@ -53,7 +53,7 @@ class LlamaCrashedError(ConvgateError):
 class LlamaCallError(ConvgateError):
     """A call failed inside the child with a Python exception (the child is still alive)."""
 
-    code = "runtime.llama_call_failed"
+    code = "engine.llama_call_failed"
 
 
 def describe_exit(returncode: int | None, timed_out: bool) -> str:

@@ -28,7 +28,7 @@ _LENGTH = struct.Struct("<I")
 class WireError(ConvgateError):
     """A frame that is truncated, oversized or not what the protocol allows."""
 
-    code = "runtime.wire_invalid"
+    code = "engine.wire_invalid"
 
 
 def _read_exactly(stream: IO[bytes], size: int) -> bytes:
