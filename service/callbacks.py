@@ -54,7 +54,8 @@ def check_callback_url(checker: UriPolicy, settings: Settings, url: str) -> None
 
 
 class CallbackRefusedError(ConvgateError, ValueError):
-    """The callback cannot be accepted (refused URL, no secret to sign with): HTTP 422."""
+    """The callback cannot be accepted: no secret to sign it with yet (a refused URL is refused at
+    admission, `service.verifications.admit`): HTTP 422."""
 
     code = "callback.refused"
 

@@ -4,17 +4,16 @@ page alike."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from sqlalchemy.orm import Session
 
 from service.persistence import repository, stats
+from service.persistence.clock import now
 from service.persistence.models import Verification
 from service.schemas import QueueItem, QueueOut
 
 
 def snapshot(session: Session, dispatcher: str) -> QueueOut:
-    moment = datetime.now(UTC)
+    moment = now(session)
 
     def item(v: Verification) -> QueueItem:
         created, started = repository.as_utc(v.created_at), repository.as_utc(v.started_at)

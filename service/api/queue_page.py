@@ -14,7 +14,7 @@ or the auditor page, nothing else), and the sign-in admits only the roles of tha
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -29,6 +29,7 @@ from service.api.pages_html import PAGES, login_page, page_principal, safe_next
 from service.api.ui_sessions import SESSION_SECONDS
 from service.attestations import KeyFileError
 from service.auth import OPERATE
+from service.persistence.clock import now
 from service.persistence.recent import recent_finished
 from service.persistence.repository import as_utc
 from service.queue import snapshot as queue_snapshot
@@ -58,7 +59,7 @@ def _finished(row: Row[Any], moment: datetime) -> dict[str, Any]:
 def _snapshot(session: Session, dispatcher: str) -> dict[str, Any]:
     """What the queue's snapshot shows: counts, active work, then the latest finished."""
     queue = queue_snapshot(session, dispatcher)
-    moment = datetime.now(UTC)
+    moment = now(session)
     return {"rendered": time.time_ns(), "counts": sorted(queue.counts.items()), "oldest": queue.oldest_waiting,
             "dispatcher": queue.dispatcher, "active": queue.active, "active_head": ACTIVE_HEAD,
             "finished_head": FINISHED_HEAD,
