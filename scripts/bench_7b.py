@@ -235,7 +235,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     chosen = set(args.verify.split(","))
-    from build_fixtures import convert, llama_cpp_tree, quantize
+    from fixture_tools import convert, llama_cpp_tree, quantize
 
     from tests.gguf_split_writer import resplit
     from worker.digests import sha256_file

@@ -148,7 +148,7 @@ def build_source(size: float, target: Path, template: Path) -> int:
 
 
 def artifacts(source: Path, workdir: Path, types: list[str], fixtures: Path) -> dict[str, Path]:
-    from build_fixtures import convert, llama_cpp_tree, quantize
+    from fixture_tools import convert, llama_cpp_tree, quantize
 
     tree = llama_cpp_tree(fixtures)
     f16 = convert(tree, source, "f16", workdir / f"{source.name}-F16.gguf")

@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from build_kube import (
+from go_build import (
     KUBE,
     build_date,
     build_one,
@@ -61,7 +61,7 @@ from build_kube import (
     required_version,
     stamp_for,
 )
-from build_kube import versions as kube_versions
+from go_build import versions as kube_versions
 
 CONTAINERD = "github.com/containerd/containerd/v2"
 CNI = "github.com/containernetworking/plugins"

@@ -18,6 +18,8 @@ import subprocess
 import venv
 from pathlib import Path
 
+from fixture_tools import log, produce
+
 TRANSFORMERS_4 = "transformers==4.57.6"
 WRITER = """
 import json, sys, transformers
@@ -45,8 +47,6 @@ def _constructor_args(cache: Path) -> dict[str, tuple[str, dict]]:
 
 
 def build_configs_v4(cache: Path) -> None:
-    from build_fixtures import log, produce
-
     def make(tmp: Path) -> None:
         env_dir = cache / "transformers4-venv"
         python = env_dir / "bin" / "python"

@@ -2,7 +2,7 @@
 
 Every model is made from a config by transformers (seeded, offline), with a real tokenizer of its
 family rebuilt from llama.cpp's `models/ggml-vocab-*.gguf`, converted to F16 by llama.cpp's own
-converter and quantized to Q8_0 by llama.cpp's quantizer (the helpers of build_fixtures.py).
+converter and quantized to Q8_0 by llama.cpp's quantizer (the helpers of fixture_tools.py).
 SentencePiece families get a `tokenizer.model` written from the same GGUF vocabulary (the converter
 needs it for gemma2 and phi3, and without it llama's converter falls back to tokenizer.json and
 writes every score as -1000, which changes how llama.cpp's SentencePiece tokenizer splits words:
@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fixture_tools import convert, llama_cpp_tree, produce, quantize
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 512}
@@ -177,8 +179,6 @@ def _make_source(tree: Path, spec: DecoderFixture) -> Callable[[Path], None]:
 
 
 def build_decoder(cache: Path, key: str) -> Path:
-    from build_fixtures import convert, llama_cpp_tree, produce, quantize  # that script imports this module
-
     spec = FIXTURES[key]
     tree = llama_cpp_tree(cache)
     out = cache / spec.folder

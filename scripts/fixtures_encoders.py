@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fixture_tools import convert, llama_cpp_tree, produce, quantize, sentence_transformers_modules
+
 XLMR_VOCAB_FILE = "ggml-vocab-nomic-bert-moe.gguf"
 XLMR_VOCAB_SIZE = 250002  # XLM-R's <s> <pad> </s> <unk> ... <mask>; the GGUF pads to 250048
 TINY_XLMR_CONFIG = {
@@ -62,16 +64,12 @@ def _xlmr_tokenizer(tree: Path, tmp: Path) -> None:
 
 def _sentence_transformers_mean(root: Path, dim: int) -> None:
     """multilingual-e5's sentence-transformers files: mean pooling, then Normalize."""
-    from build_fixtures import sentence_transformers_modules  # that script imports this module
-
     sentence_transformers_modules(root, dim, {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
                                               "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False})
     (root / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
 
 
 def _convert_and_quantize(tree: Path, source: Path, out: Path) -> None:
-    from build_fixtures import convert, quantize  # that script imports this module
-
     convert(tree, source, "f16", out / "F16.gguf")
     if not (out / "Q8_0.gguf").exists():
         f32 = convert(tree, source, "f32", out / "F32.gguf")
@@ -80,15 +78,11 @@ def _convert_and_quantize(tree: Path, source: Path, out: Path) -> None:
 
 
 def _tokenizer(cache: Path, tree: Path) -> Path:
-    from build_fixtures import produce
-
     return produce(cache / "xlm-r-tokenizer", lambda tmp: _xlmr_tokenizer(tree, tmp))
 
 
 def _build_xlmr(cache: Path, folder: str, make_model: Callable[[Path], None]) -> None:
     """A tiny XLM-RoBERTa-family model with the rebuilt XLM-R tokenizer, converted to F16 and Q8_0."""
-    from build_fixtures import llama_cpp_tree, produce
-
     tree = llama_cpp_tree(cache)
     tokenizer = _tokenizer(cache, tree)
     out = cache / folder
@@ -170,8 +164,6 @@ def _sentencepiece_model(tokenizer_json: Path, target: Path) -> None:
 def build_xlm_roberta_spm(cache: Path) -> None:
     """arch-xlm-roberta's model with a `sentencepiece.bpe.model` beside its tokenizer.json, as bge-m3 and
     multilingual-e5 ship: the converter then reads the vocabulary from the SentencePiece file (F16 only)."""
-    from build_fixtures import convert, llama_cpp_tree, produce
-
     build_xlm_roberta(cache)
     tree = llama_cpp_tree(cache)
     plain = cache / "arch-xlm-roberta" / "source"

@@ -7,8 +7,7 @@ legacy `.dat`). The quantized files are made by `llama_model_quantize` itself (l
 per-tensor type choice and its per-expert `ggml_quantize_chunk` calls) with the weights `llama-quantize`
 derives from the GGUF form (`sums / counts`) and the kv overrides it adds. The chunk count is a power of
 two, so the legacy form's `(sum / count * ncall) / ncall` is bit-identical to it: both files are the
-imatrix of every quantized file. Nothing here imports the verifier's reader. The helpers of
-`build_fixtures` are imported where used: that script imports this module to register the builder.
+imatrix of every quantized file. Nothing here imports the verifier's reader.
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from fixture_tools import log, produce, quiet_native_stderr
+from fixtures_tiny_llama import build_tiny_llama
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CHUNK_TOKENS = 16  # llama-imatrix ignores batches of fewer than 16 tokens
@@ -130,8 +131,6 @@ def quantize_with(base: Path, ftype: int, weights: dict[str, np.ndarray], imatri
                   chunks: int, out: Path) -> None:
     """llama-quantize --imatrix: its entries as `params.imatrix`, its four `quantize.imatrix.*` overrides."""
     import llama_cpp
-    from build_fixtures import quiet_native_stderr
-
     keep = {name: np.ascontiguousarray(w, dtype=np.float32) for name, w in weights.items()}
     data = (llama_cpp.llama_model_imatrix_data * (len(keep) + 1))()
     for i, (name, w) in enumerate(keep.items()):
@@ -165,8 +164,6 @@ def _same_weights_from_both_forms(sums: dict[str, np.ndarray], count: int) -> di
 def build_imatrix(cache: Path) -> None:
     """imatrix-{english,numbers}.{gguf,dat}, then tiny-llama-<ftype>-imat.gguf quantized with the english one
     (the last file written is the IQ2_XXS one)."""
-    from build_fixtures import build_tiny_llama, log, produce
-
     build_tiny_llama(cache)
     llama = cache / "tiny-llama"
     out = cache / "imatrix"

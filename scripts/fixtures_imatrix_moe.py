@@ -29,6 +29,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from fixture_tools import convert, llama_cpp_tree, log, produce
 from fixtures_decoders import DecoderFixture, _make_source
 from fixtures_imatrix import CHUNK_TOKENS, IMATRIX_FTYPES, quantize_with, text_sets
 from fixtures_imatrix import write_gguf_matrices as write_gguf
@@ -161,8 +162,6 @@ def _write_text(text: str, path: Path) -> None:
 
 def _collect_and_write(out: Path, source: Path) -> tuple[dict[str, dict[str, np.ndarray]], int]:
     """Both text sets' imatrices in both forms; returns the english one's weights per form and its chunk count."""
-    from build_fixtures import log, produce
-
     english: tuple[dict[str, dict[str, np.ndarray]], int] | None = None
     for set_name, text in text_sets().items():
         dataset = f"texts-{set_name}.txt"
@@ -184,8 +183,6 @@ def build_imatrix_moe(cache: Path) -> None:
     """source/, imatrix-{english,numbers}.{gguf,dat} of a tiny qwen3moe, then <qtype>-imat.gguf and
     <qtype>-imat-dat.gguf quantized (from a transient F32 conversion) with the english imatrix's GGUF and
     .dat forms (LAST_FILE last)."""
-    from build_fixtures import convert, llama_cpp_tree, produce
-
     tree = llama_cpp_tree(cache)
     out = cache / FOLDER
     out.mkdir(exist_ok=True)

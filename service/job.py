@@ -18,7 +18,8 @@ from edge.redact import install_log_redaction, redact
 from edge.store import ContentStore
 from service.config import Settings
 from service.fetching import fetch_policy, input_uris
-from service.persistence.worker_channel import AttemptChannel, channel_for
+from service.persistence.attempt_contract import AttemptChannel
+from service.persistence.worker_channel import channel_for
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import ConvgateError
 from worker.gates.storage_parts import StoragePart

@@ -12,7 +12,7 @@ import sys
 
 from service.config import Settings
 from service.dispatch.base import WorkerExit
-from service.persistence.worker_channel import ATTEMPT_SECRET_ENV
+from service.persistence.attempt_contract import ATTEMPT_SECRET_ENV
 from worker.errors import ConvgateError
 from worker.resources import THREADS_SETTING, cpu_budget
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from service.persistence.attempt_contract import StartedAttempt
 from service.persistence.db import make_engine
-from service.persistence.worker_channel import StartedAttempt
 
 
 class RestrictedChannel:

@@ -1,5 +1,5 @@
-"""How a worker talks to the database about its one attempt: the `AttemptChannel` protocol and its
-two implementations.
+"""How a worker talks to the database about its one attempt: the two implementations of
+`AttemptChannel` (`attempt_contract.py`) and the choice between them.
 
 - `DirectChannel` (the local pool, the embedded default): the worker process holds the service's
   own database URL and calls the repository, as the control plane does. Simple, and a local worker
@@ -23,55 +23,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.lifecycle import Reason, State
 from service.persistence import repository
+from service.persistence.attempt_contract import ATTEMPT_SECRET_ENV, AttemptChannel, StartedAttempt
 from service.persistence.db import make_engine, session_factory, transaction
+from service.persistence.restricted_channel import RestrictedChannel
 
 log = logging.getLogger("convgate.worker_channel")
-ATTEMPT_SECRET_ENV = "CONVGATE_ATTEMPT_SECRET"
-
-
-@dataclass(frozen=True, slots=True)
-class StartedAttempt:
-    """What a worker needs to run: its own request and the policy fixed at submission."""
-
-    request: dict[str, Any]
-    policy: dict[str, Any]
-
-
-class AttemptChannel(Protocol):
-    """One attempt of one verification, as its worker sees it. Every method is fenced by that attempt:
-    a superseded, cancelled or finished attempt changes nothing."""
-
-    verification_id: str
-    attempt: int
-    worker: str
-
-    def start(self) -> StartedAttempt | None:
-        """Take the attempt; None when there is nothing to run (another worker has it, or it ended)."""
-
-    def heartbeat(self, progress: dict[str, Any] | None) -> bool:
-        """Liveness and progress; False once the attempt is no longer this worker's."""
-
-    def record_verdict(self, report: dict[str, Any]) -> bool:
-        """Store the verdict; False when it was not recorded (a stale attempt)."""
-
-    def record_shard(self, shard: int, shards: int, payload: dict[str, Any]) -> bool:
-        """Store one shard's part of gate 1 (the last one stored writes the verdict); False when refused."""
-
-    def end_without_verdict(self, reason: str, *, give_up: bool = False) -> None:
-        """The attempt ends without a verdict: retried while attempts remain, or (give_up) failed now."""
-
-    def close(self) -> None:
-        """Release the channel's connections."""
-
-
 class SessionAttempt:
     """The attempt operations inside a caller's transaction: the only place they meet the repository.
     `DirectChannel` calls it for a local worker; `apply_worker_reports` for a restricted worker."""
@@ -165,7 +128,5 @@ def channel_for(database_url: str, verification_id: str, attempt: int, worker: s
     Job), else the direct one (a local pool process)."""
     secret = environ.get(ATTEMPT_SECRET_ENV)
     if secret:
-        from service.persistence.restricted_channel import RestrictedChannel
-
         return RestrictedChannel(database_url, verification_id, attempt, worker, secret)
     return DirectChannel(session_factory(make_engine(database_url)), verification_id, attempt, worker)

@@ -25,10 +25,11 @@ from service.dispatch.base import WorkerExit
 from service.dispatch.loop import DispatchLoop
 from service.lifecycle import Reason, State
 from service.persistence import repository, tokens
+from service.persistence.attempt_contract import ATTEMPT_SECRET_ENV
 from service.persistence.attempt_secrets import AttemptNotClaimedError, issue_attempt_secret, secret_digest
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.restricted_channel import RestrictedChannel
-from service.persistence.worker_channel import ATTEMPT_SECRET_ENV, DirectChannel, channel_for
+from service.persistence.worker_channel import DirectChannel, channel_for
 from service.persistence.worker_reports import apply_worker_reports
 from service.persistence.worker_role import (
     WORKER_FUNCTIONS,

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from service.config import KubernetesSettings, Settings
-from service.persistence.worker_channel import ATTEMPT_SECRET_ENV
+from service.persistence.attempt_contract import ATTEMPT_SECRET_ENV
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
