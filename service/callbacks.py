@@ -29,14 +29,16 @@ import hmac
 import json
 import secrets
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from edge.uri_policy import UriPolicy
 from service.config import Settings
+from service.persistence import callbacks as callback_store
 from service.persistence.callbacks import CallbackState, secret_for
+from service.persistence.clock import as_utc
 from worker.errors import ConvgateError
 
 DELIVERY_NAMESPACE = uuid.UUID("6f1c1f0e-4b7a-5d2e-9a51-0c6e8a1d2b3f")
@@ -69,6 +71,12 @@ def submission_columns(session: Session, submitter: str, url: str | None) -> dic
         raise CallbackRefusedError("callback_url: no callback secret to sign with yet; "
                                    "create one with POST /v1/callback-secret first")
     return {"callback_url": url, "callback_state": CallbackState.PENDING}
+
+
+def replace_secret(session: Session, submitter: str) -> tuple[str, datetime]:
+    """A new HMAC key for `submitter`'s callbacks, replacing the previous one; shown once, when made."""
+    row = callback_store.replace_secret(session, submitter, new_secret())
+    return row.secret, as_utc(row.created_at)
 
 
 def new_secret() -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.persistence import repository, stats
-from service.persistence.clock import now
+from service.persistence.clock import as_utc, now
 from service.persistence.models import Verification
 from service.schemas import QueueItem, QueueOut
 
@@ -16,7 +16,7 @@ def snapshot(session: Session, dispatcher: str) -> QueueOut:
     moment = now(session)
 
     def item(v: Verification) -> QueueItem:
-        created, started = repository.as_utc(v.created_at), repository.as_utc(v.started_at)
+        created, started = as_utc(v.created_at), as_utc(v.started_at)
         age = (moment - created).total_seconds()
         return QueueItem(id=v.id, state=v.state, attempt=v.attempt, failed_attempts=v.failed_attempts or 0,
                          age_seconds=age, progress=v.progress, worker=v.worker, reason=v.reason,

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from service.persistence.repository import as_utc
+from service.persistence.clock import as_utc
 
 
 def duration(seconds: float | None) -> str:

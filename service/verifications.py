@@ -18,6 +18,7 @@ from service import callbacks, reuse
 from service.config import INLINE_VERSION_PREFIX, Settings
 from service.fetching import public_request, stored_request, uri_policy
 from service.persistence import repository
+from service.persistence.clock import as_utc
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
 from worker.blockers import safe_text
@@ -206,8 +207,8 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
         artifact_sha256=verification.artifact_sha256, policy_sha256=verification.policy_sha256,
         policy_origin=verification.policy_origin or "unrecorded",
         policy_version=_shown(verification.policy.get("version")),
-        created_at=repository.as_utc(verification.created_at), started_at=repository.as_utc(verification.started_at),
-        finished_at=repository.as_utc(verification.finished_at), progress=verification.progress,
+        created_at=as_utc(verification.created_at), started_at=as_utc(verification.started_at),
+        finished_at=as_utc(verification.finished_at), progress=verification.progress,
         reason=verification.reason, reason_code=verification.reason_code,
         cluster_status=verification.cluster_status,
         queue_position=verification.queue_position, verdict=verification.verdict_result, blockers=blockers,

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 from service.api.deps import Principal, SessionDep, require
 from service.api.errors import ERRORS
 from service.auth import AUDIT
-from service.persistence import access_log, repository
+from service.persistence import access_log
+from service.persistence.clock import as_utc
 from service.persistence.cursors import decode_before_id, encode_before_id
 from service.schemas import PRINTABLE, UUID_PATTERN, AccessLogEntry, AccessLogPage, Moment
 
@@ -45,7 +46,7 @@ def read_access_log(
     filters = access_log.AccessFilters(principal_name, verification_id, action, since, until)
     rows, before = access_log.access_log(session, filters, limit=limit, before_id=decode_before_id(cursor))
     record(session, request, principal, "read_access_log")
-    items = [AccessLogEntry(id=row.id, at=repository.as_utc(row.at), principal=row.principal, role=row.role,
+    items = [AccessLogEntry(id=row.id, at=as_utc(row.at), principal=row.principal, role=row.role,
                             action=row.action, verification_id=row.verification_id, path=row.path, query=row.query)
              for row in rows]
     return AccessLogPage(items=items, next_cursor=None if before is None else encode_before_id(before))

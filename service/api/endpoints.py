@@ -1,4 +1,5 @@
-"""HTTP endpoints: thin; logic lives in `service.verifications`, queries in the repository."""
+"""HTTP endpoints: thin. What a caller may do is decided in `service.verifications`, what it may read in
+`service.reading`; the repository is theirs, not the endpoints'."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from edge.redact import redact_uri
-from service import callbacks, queue, verifications
+from service import callbacks, queue, reading, verifications
 from service.api import access_log
 from service.api.deps import AsyncSessionDep, Principal, SessionDep, SettingsDep, bearer, require, require_on_loop
 from service.api.errors import ERRORS
@@ -18,15 +18,12 @@ from service.api.event_stream import MEDIA_TYPE, event_stream
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT, digest
 from service.config import Settings
 from service.lifecycle import State
-from service.persistence import callbacks as callback_store
-from service.persistence import repository
 from service.persistence.models import Verification
 from service.report_render import to_html, to_markdown
 from service.schemas import (
     PRINTABLE,
     SHA256,
     UUID_PATTERN,
-    CallbackDeliveryOut,
     CallbackSecretOut,
     CallbacksOut,
     EventOut,
@@ -46,8 +43,9 @@ REPORT_TYPES = {"application/json": {"schema": {"type": "object"}}, "text/markdo
 
 
 def _visible(session: SessionDep, verification_id: str, principal: Principal) -> Verification:
-    verification = repository.get_verification(session, verification_id)
-    if verification is None or (principal.role in OWN_ONLY and verification.submitted_by != principal.name):
+    verification = reading.visible(session, verification_id,
+                                   only_of=principal.name if principal.role in OWN_ONLY else None)
+    if verification is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such verification")
     return verification
 
@@ -115,28 +113,20 @@ async def list_verifications(
     item again), the access-log row committed before the answer."""
     if principal.role in OWN_ONLY:
         submitted_by = principal.name
-    filters = repository.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
+    filters = reading.ListFilters(artifact_sha256, source_uri, verdict, state, submitted_by, since, until,
                                      policy_origin=policy_origin, policy=policy)
     page = await session.run_sync(_list_page, request, principal, filters, limit, cursor)
     await session.commit()
     return page
 
 
-def _list_page(session: Session, request: Request, principal: Principal, filters: repository.ListFilters,
+def _list_page(session: Session, request: Request, principal: Principal, filters: reading.ListFilters,
                limit: int, cursor: str | None) -> Response:
-    rows, next_cursor = repository.list_verifications(session, filters, limit=limit, cursor=cursor)
+    rows, next_cursor = reading.page(session, filters, limit=limit, cursor=cursor)
     access_log.record(session, request, principal, "list_verifications")
     items = [verifications.to_out(session, row, with_blockers=False) for row in rows]
     page = VerificationList(items=items, next_cursor=next_cursor)
     return Response(page.model_dump_json().encode(), media_type="application/json")
-
-
-def _served_report(verification: Verification, report: dict[str, Any]) -> dict[str, Any]:
-    """The stored report is immutable; what is served adds where its thresholds came from."""
-    policy = report.get("policy")
-    if not isinstance(policy, dict):
-        return report
-    return {**report, "policy": {**policy, "origin": verification.policy_origin}}
 
 
 @router.get("/verifications/{verification_id}/report", response_model=None,
@@ -145,7 +135,7 @@ def _served_report(verification: Verification, report: dict[str, Any]) -> dict[s
 def read_report(verification_id: VerificationId, request: Request, session: SessionDep,
                 principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Any:
     verification = _visible(session, verification_id, principal)
-    verdict = repository.verdict_for(session, verification.id)
+    verdict = reading.verdict_of(session, verification)
     if verdict is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no verdict yet (state {verification.state})")
     access_log.record(session, request, principal, "read_report", verification.id)
@@ -155,7 +145,7 @@ def read_report(verification_id: VerificationId, request: Request, session: Sess
         return PlainTextResponse(to_markdown(verification.id, verdict.report, origin), media_type="text/markdown")
     if "text/html" in accept:
         return HTMLResponse(to_html(verification.id, verdict.report, origin))
-    return _served_report(verification, verdict.report)
+    return reading.served_report(verification, verdict.report)
 
 
 EVENT_TYPES: dict[int | str, dict[str, Any]] = {200: {
@@ -181,8 +171,7 @@ def read_events(verification_id: VerificationId, request: Request, session: Sess
         return event_stream(request.app.state.session_factory, verification_id, last_event_id or 0,
                             settings.poll_seconds, token_sha256=digest(bearer(request) or ""),
                             done=lambda: slots.give_back(principal.name))
-    return [EventOut(at=repository.as_utc(e.at), from_state=e.from_state, to_state=e.to_state, attempt=e.attempt,
-                     message=e.message) for e in repository.events(session, verification_id)]
+    return reading.events_of(session, verification_id)
 
 
 @router.get("/verifications/{verification_id}/callbacks", response_model=CallbacksOut)
@@ -191,21 +180,16 @@ def read_callbacks(verification_id: VerificationId, request: Request, session: S
     """The completion callback (URL redacted) and every delivery attempt so far."""
     verification = _visible(session, verification_id, principal)
     access_log.record(session, request, principal, "read_callbacks", verification.id)
-    url = verification.callback_url
-    return CallbacksOut(callback_url=None if url is None else redact_uri(url), state=verification.callback_state,
-                        deliveries=[CallbackDeliveryOut(
-                            attempt=d.attempt, delivery_id=d.delivery_id, at=repository.as_utc(d.at),
-                            status_code=d.status_code, error=d.error, next_retry_at=repository.as_utc(d.next_retry_at))
-                            for d in callback_store.deliveries(session, verification.id)])
+    return reading.callbacks_of(session, verification)
 
 
 @router.post("/callback-secret", status_code=status.HTTP_201_CREATED, response_model=CallbackSecretOut)
 def create_callback_secret(response: Response, session: SessionDep,
                            principal: Annotated[Principal, require(SUBMIT)]) -> CallbackSecretOut:
     """A new HMAC key for this submitter's callbacks, shown only now; it replaces the previous one."""
-    row = callback_store.replace_secret(session, principal.name, callbacks.new_secret())
+    secret, created_at = callbacks.replace_secret(session, principal.name)
     response.headers["Cache-Control"] = "no-store"
-    return CallbackSecretOut(secret=row.secret, created_at=repository.as_utc(row.created_at))
+    return CallbackSecretOut(secret=secret, created_at=created_at)
 
 
 @router.post("/verifications/{verification_id}/cancel", response_model=VerificationOut)

@@ -29,9 +29,9 @@ from starlette.concurrency import run_in_threadpool
 
 from service.lifecycle import TERMINAL
 from service.persistence import tokens
+from service.persistence.clock import as_utc
 from service.persistence.db import read_transaction
 from service.persistence.models import Verification, VerificationEvent
-from service.persistence.repository import as_utc
 
 MEDIA_TYPE = "text/event-stream"
 KEEPALIVE_SECONDS = 15.0

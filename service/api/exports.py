@@ -35,9 +35,10 @@ from service.auth import OWN_ONLY, READ_OWN_OR_ANY
 from service.config import Settings
 from service.lifecycle import State
 from service.persistence import exports as export_queries
+from service.persistence.clock import as_utc
 from service.persistence.db import transaction
 from service.persistence.models import Verification
-from service.persistence.repository import ListFilters, as_utc, get_verification
+from service.reading import ListFilters, with_verdict
 from service.schemas import PRINTABLE, SHA256, Moment
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
@@ -174,7 +175,7 @@ def _attested(session: Session, settings: Settings, record: dict[str, Any]) -> d
     if "skipped" in record:
         return record
     try:
-        verification = get_verification(session, record["id"])
+        verification = with_verdict(session, record["id"])
         envelope = attestation_for(session, settings, verification) if verification else None
         summary = _vsa(session, settings, verification) if verification else None
     except export_queries.UNREADABLE:

@@ -16,11 +16,11 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
+from service import reading
 from service.api import access_log, exports
 from service.api.deps import Principal, SessionDep, SettingsDep
 from service.api.pages_html import message_page, page_principal
 from service.attestations import KeyFileError, attestation_for
-from service.persistence import repository
 from service.persistence.cursors import InvalidCursorError
 from service.persistence.models import Verification
 from service.report_render import to_html
@@ -53,7 +53,7 @@ def _moment(value: str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def parse_search(values: dict[str, str]) -> tuple[repository.ListFilters, list[str]]:
+def parse_search(values: dict[str, str]) -> tuple[reading.ListFilters, list[str]]:
     """The form's values as filters, and what is wrong with them. An empty field is no filter: a plain
     form sends every field, filled or not."""
     given = {key: values.get(key, "").strip() for key in SEARCH_FIELDS}
@@ -72,7 +72,7 @@ def parse_search(values: dict[str, str]) -> tuple[repository.ListFilters, list[s
             moments[key] = _moment(given[key]) if given[key] else None
         except ValueError:
             errors.append(f"{key}: a date and time, e.g. 2026-11-30T12:00 (UTC)")
-    filters = repository.ListFilters(given["artifact_sha256"] or None, given["source_uri"] or None,
+    filters = reading.ListFilters(given["artifact_sha256"] or None, given["source_uri"] or None,
                                      given["verdict"] or None, since=moments.get("since"), until=moments.get("until"),
                                      policy=given["policy"] or None)
     return filters, errors
@@ -102,7 +102,7 @@ def auditor_page(request: Request, session: SessionDep, artifact_sha256: SearchT
     next_cursor = None
     if not errors:
         try:
-            rows, next_cursor = repository.list_verifications(session, filters, limit=PAGE_ROWS, cursor=cursor)
+            rows, next_cursor = reading.page(session, filters, limit=PAGE_ROWS, cursor=cursor)
         except InvalidCursorError:
             errors.append("the page link is not one this service made: search again")
     if not errors:
@@ -119,8 +119,8 @@ def _verdict_or_page(request: Request, session: Session,
     principal = page_principal(request, session, PAGE)
     if isinstance(principal, HTMLResponse):
         return principal
-    verification = repository.get_verification(session, verification_id)
-    if verification is None or verification.verdict_result is None:
+    verification = reading.with_verdict(session, verification_id)
+    if verification is None:
         return message_page("no such verification, or no verdict yet", 404)
     return principal, verification
 
@@ -133,7 +133,7 @@ def report_page(verification_id: VerificationId, request: Request, session: Sess
     if isinstance(found, HTMLResponse):
         return found
     principal, verification = found
-    verdict = repository.verdict_for(session, verification.id)
+    verdict = reading.verdict_of(session, verification)
     if verdict is None:
         return message_page("no verdict yet", 404)
     access_log.record(session, request, principal, "read_report", verification.id)

@@ -29,9 +29,8 @@ from service.api.pages_html import PAGES, login_page, page_principal, safe_next
 from service.api.ui_sessions import SESSION_SECONDS
 from service.attestations import KeyFileError
 from service.auth import OPERATE
-from service.persistence.clock import now
+from service.persistence.clock import as_utc, now
 from service.persistence.recent import recent_finished
-from service.persistence.repository import as_utc
 from service.queue import snapshot as queue_snapshot
 from service.templating import render
 

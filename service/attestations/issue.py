@@ -14,6 +14,7 @@ from service.attestations.statement import Attested, build_statement
 from service.attestations.vsa import build_vsa, vsa_payload
 from service.config import Settings
 from service.persistence import attestations, repository
+from service.persistence.clock import as_utc
 from service.persistence.models import Verdict, Verification
 
 
@@ -42,6 +43,6 @@ def vsa_for(session: Session, settings: Settings, verification: Verification) ->
 
 def _attested(verification: Verification, verdict: Verdict) -> Attested:
     return Attested(verification_id=verification.id, report=verdict.report,
-                    verdict_at=repository.as_utc(verdict.created_at), policy_origin=verification.policy_origin,
+                    verdict_at=as_utc(verdict.created_at), policy_origin=verification.policy_origin,
                     artifact_uri=verification.artifact_uri, artifact_sha256=verification.artifact_sha256,
                     reused_from=verification.reused_from)

@@ -5,7 +5,7 @@ its factory a clock it moves by hand, instead of sleeping until a lease runs out
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, overload
 
 from sqlalchemy.orm import Session
 
@@ -42,3 +42,14 @@ def now(session: Session) -> datetime:
     """The time by the clock `session`'s factory was given (the system's by default)."""
     clock: Clock = session.info.get(CLOCK, SYSTEM_CLOCK)
     return clock.now()
+
+
+@overload
+def as_utc(moment: datetime) -> datetime: ...
+@overload
+def as_utc(moment: None) -> None: ...
+def as_utc(moment: datetime | None) -> datetime | None:
+    """SQLite returns naive datetimes; everything here is UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast, overload
+from typing import Any, cast
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import CursorResult
@@ -15,7 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
 from service.persistence import submission_insert
-from service.persistence.clock import now
+from service.persistence.clock import as_utc, now
 from service.persistence.cursors import decode_verification_cursor, encode_verification_cursor
 from service.persistence.models import (
     FileDigestRecord,
@@ -25,17 +25,6 @@ from service.persistence.models import (
     Verification,
     VerificationEvent,
 )
-
-
-@overload
-def as_utc(moment: datetime) -> datetime: ...
-@overload
-def as_utc(moment: None) -> None: ...
-def as_utc(moment: datetime | None) -> datetime | None:
-    """SQLite returns naive datetimes; everything here is UTC."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
 
 
 def instant(moment: datetime) -> datetime:

@@ -9,7 +9,7 @@ import pytest
 
 from service.lifecycle import State
 from service.persistence import repository
-from service.persistence.clock import ManualClock
+from service.persistence.clock import ManualClock, as_utc
 from service.persistence.db import make_engine, session_factory, transaction
 from tests.service.test_lifecycle import running, submitted
 
@@ -34,9 +34,9 @@ def test_what_is_stored_is_stamped_by_the_factorys_clock(clocked):
     with transaction(factory) as session:
         stored = repository.get_verification(session, verification_id)
         assert stored is not None
-        assert repository.as_utc(stored.created_at) == START
-        assert repository.as_utc(stored.heartbeat_at or stored.updated_at) == START + timedelta(seconds=90)
-        assert repository.as_utc(repository.events(session, verification_id)[0].at) == START
+        assert as_utc(stored.created_at) == START
+        assert as_utc(stored.heartbeat_at or stored.updated_at) == START + timedelta(seconds=90)
+        assert as_utc(repository.events(session, verification_id)[0].at) == START
 
 
 def test_a_lease_runs_out_when_the_clock_says_so_not_the_wall(clocked):

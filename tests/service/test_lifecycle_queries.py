@@ -10,7 +10,7 @@ from sqlalchemy import text, update
 
 from service.lifecycle import Reason, State
 from service.persistence import repository, stats
-from service.persistence.clock import SYSTEM_CLOCK
+from service.persistence.clock import SYSTEM_CLOCK, as_utc
 from service.persistence.db import transaction
 from service.persistence.models import Verification
 from tests.service.seeding import seed
@@ -79,7 +79,7 @@ def test_list_filters_and_pages_newest_first(factory):
         assert ids_for(until=middle) == [ids[1], ids[0]]
         assert stats.verdict_counts(session) == {"NO-GO": 1}
         cursor = repository.encode_cursor(third)
-        assert repository.decode_cursor(cursor) == (repository.as_utc(third.created_at), ids[3])
+        assert repository.decode_cursor(cursor) == (as_utc(third.created_at), ids[3])
 
 
 def test_gate_durations_are_bucketed_in_sql(factory):
@@ -242,9 +242,9 @@ def test_idempotency_keys_and_utc(factory):
         assert repository.by_idempotency_key(session, "bob", "k") is None
         assert repository.by_idempotency_key(session, "alice", "k2") is None
     naive = datetime(2026, 1, 2, 3, 4, 5)
-    assert repository.as_utc(naive) == naive.replace(tzinfo=UTC) and repository.as_utc(naive).tzinfo is UTC
+    assert as_utc(naive) == naive.replace(tzinfo=UTC) and as_utc(naive).tzinfo is UTC
     aware = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    assert repository.as_utc(aware) is aware and repository.as_utc(None) is None
+    assert as_utc(aware) is aware and as_utc(None) is None
 
 
 def set_columns(factory, verification_id: str, **values) -> None:
@@ -270,7 +270,7 @@ def test_every_transition_writes_its_columns_and_its_event(factory):
         repository.claim(session, verification_id, "d")
     claimed_row = row(factory, verification_id)
     assert (claimed_row.worker, claimed_row.progress, claimed_row.attempt) == ("d", None, 1)
-    assert repository.as_utc(claimed_row.heartbeat_at) > old
+    assert as_utc(claimed_row.heartbeat_at) > old
     assert last_event(factory, verification_id) == ("queued", "dispatched", 1, Reason.DISPATCHED, "dispatched to d")
 
     set_columns(factory, verification_id, progress={"stale": True}, heartbeat_at=old)
@@ -278,7 +278,7 @@ def test_every_transition_writes_its_columns_and_its_event(factory):
         repository.start_attempt(session, verification_id, "w", attempt=1)
     started = row(factory, verification_id)
     assert (started.worker, started.progress, started.started_at is not None) == ("w", None, True)
-    assert repository.as_utc(started.heartbeat_at) > old
+    assert as_utc(started.heartbeat_at) > old
     assert last_event(factory, verification_id) == ("dispatched", "running", 1, Reason.STARTED,
                                                     "attempt 1 started by w")
 
@@ -288,7 +288,7 @@ def test_every_transition_writes_its_columns_and_its_event(factory):
         assert repository.end_attempt_without_verdict(session, verification_id, 1, Reason.WORKER_ERROR, "boom",
                                                       worker="someone-else") == State.RUNNING
     beat = row(factory, verification_id)
-    assert (beat.progress, repository.as_utc(beat.heartbeat_at) > old) == ({"stage": "storage"}, True)
+    assert (beat.progress, as_utc(beat.heartbeat_at) > old) == ({"stage": "storage"}, True)
     with transaction(factory) as session:
         assert repository.end_attempt_without_verdict(session, verification_id, 1, Reason.WORKER_ERROR, "boom",
                                                       worker="w") == State.QUEUED

@@ -4,12 +4,16 @@ clear `source.bad_file` for bytes that are not such a model, never a hang or an 
 from __future__ import annotations
 
 import struct
+import sys
+from pathlib import Path
 
 import pytest
 
-from scripts.fixtures_decoders import _field, _varint  # the fixtures' protobuf writer
 from worker.errors import SourceError
 from worker.formats.sentencepiece_model import read_pieces
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))  # the scripts import each other by name
+from fixtures_decoders import _field, _varint  # the fixtures' protobuf writer
 
 
 def _piece(text: str, kind: int | None) -> bytes:

@@ -21,7 +21,7 @@ from service.dispatch.kube.errors import KubeError
 from service.dispatch.kube.job_manifest import ATTEMPT_LABEL, build_attempt_secret, build_job, job_name
 from service.lifecycle import Reason, State
 from service.persistence import repository
-from service.persistence.clock import now
+from service.persistence.clock import as_utc, now
 from service.persistence.models import Verification
 from worker.errors import ConvgateError
 
@@ -175,7 +175,7 @@ class KubernetesDispatcher:
                 continue
             if expected in self.view.seen:
                 reason = f"its Job {expected} was deleted outside convgate"
-            elif repository.as_utc(verification.updated_at) < now(session) - grace:
+            elif as_utc(verification.updated_at) < now(session) - grace:
                 reason = f"its Job {expected} never appeared (the dispatcher stopped before creating it?)"
             else:
                 continue  # just claimed: another replica may be creating it right now
