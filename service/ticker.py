@@ -19,6 +19,7 @@ class Ticker:
         self._log = log
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.ticks = 0  # ticks run so far, failed or not: a loop whose count stands still is stuck
 
     def tick(self) -> object:
         raise NotImplementedError
@@ -32,6 +33,7 @@ class Ticker:
                 self.tick()
             except Exception:
                 self._log.exception("%s tick failed; retrying", self.tick_name)
+            self.ticks += 1
             self._stop.wait(self._poll_seconds)
 
     def start(self) -> None:

@@ -106,6 +106,7 @@ def _lifespan(settings: Settings, factory: sessionmaker[Session], engine: Engine
             loop.start()
         app.state.dispatch_loop = loop
         callback_loop = CallbackLoop(factory, settings) if run_callbacks else None
+        app.state.callback_loop = callback_loop
         if callback_loop is not None:
             callback_loop.start()
         try:

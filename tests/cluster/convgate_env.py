@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from sqlalchemy import func, select
 from service.config import KubernetesSettings, Settings
 from service.dispatch.loop import DispatchLoop
 from service.persistence import repository
+from service.persistence.clock import SYSTEM_CLOCK, Clock
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import FileDigestRecord, Verdict, Verification
 from service.schemas import SubmitRequest
@@ -173,14 +175,30 @@ class Scenario:
         self.api.delete(f"{JOBS.format(ns=self.namespace)}/{name}", params={"propagationPolicy": "Background"})
 
 
+class AheadClock:
+    """The system's time plus `seconds`: a replica on this clock sees every stored time as that much
+    older, as if it had started that much later, without the test waiting for it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.ahead = timedelta(seconds=seconds)
+
+    def now(self) -> datetime:
+        return SYSTEM_CLOCK.now() + self.ahead
+
+
 class Replica:
     """One service replica's dispatch loop (its own engine and Kubernetes client), in a thread."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.engine = make_engine(settings.database_url)
-        self.factory = session_factory(self.engine)
+        self.factory = session_factory(self.engine, clock)
         self.loop = DispatchLoop.for_settings(settings, self.factory)
+
+    def wait_ticks(self, ticks: int, timeout: float = 60) -> None:
+        """Until the dispatch loop has run `ticks` more ticks."""
+        target = self.loop.ticks + ticks
+        wait(f"{ticks} dispatch ticks", lambda: self.loop.ticks >= target, timeout=timeout)
 
     def start(self) -> Replica:
         self.loop.start()

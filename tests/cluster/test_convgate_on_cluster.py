@@ -20,11 +20,12 @@ import pytest
 from service.auth import Role
 from service.config import Settings
 from service.lifecycle import State
+from service.persistence.clock import SYSTEM_CLOCK, Clock
 from service.verifications import cancel
 from tests.service.conftest import add_token, start_server
 
 from .cluster import Cluster
-from .convgate_env import Db, Replica, Scenario, held_worker, minilm_request, wait
+from .convgate_env import AheadClock, Db, Replica, Scenario, held_worker, minilm_request, wait
 from .pod_runner import PodRunner
 
 pytestmark = pytest.mark.cluster
@@ -53,8 +54,8 @@ def scenarios(cluster: Cluster, pod_runner: PodRunner, pg: str, tmp_path: Any) -
 def replicas() -> Iterator[Any]:
     running: list[Replica] = []
 
-    def start(settings: Settings) -> Replica:
-        replica = Replica(settings).start()
+    def start(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Replica:
+        replica = Replica(settings, clock).start()
         running.append(replica)
         return replica
 
@@ -146,9 +147,9 @@ def test_restart_while_jobs_wait_in_kueue_longer_than_the_lease(scenarios, db, r
     wait("both Jobs pending in Kueue", lambda: all(
         store.get(v).cluster_status == "pending admission" for v in ids), timeout=60)
     first.stop()
-    time.sleep(settings.lease_seconds + 2)  # both have now waited longer than the lease
-    replicas(settings)  # the restarted service
-    time.sleep(3)  # ~10 ticks
+    # the restarted service, as if it came back later than the lease: both have waited longer than it
+    restarted = replicas(settings, AheadClock(settings.lease_seconds + 2))
+    restarted.wait_ticks(10)
     for verification_id in ids:
         verification = store.get(verification_id)
         assert (verification.state, verification.attempt, verification.failed_attempts) == (

@@ -509,7 +509,8 @@ def test_worker_killed_through_the_runtime_loses_no_verdict_and_counts_one_attem
         return None
 
     pod = wait("the first attempt's worker container running", running_pod, timeout=WORKER_TIMEOUT, interval=0.2)
-    time.sleep(3)  # mid-run: the worker has claimed its attempt and is verifying
+    wait("the worker claimed its attempt and is verifying", lambda: store.get(verification_id).state == State.RUNNING,
+         timeout=WORKER_TIMEOUT, interval=0.2)
     # scenario 3 in the worker container too: read-only root, the uid the Job sets, a writable scratch
     who = main.exec(pod, "worker", "sh", "-c", "id -u; echo x > /opt/convgate/written")
     assert who.stdout.strip() == "10001" and "Read-only file system" in who.stderr, who

@@ -130,7 +130,7 @@ def test_a_pending_callback_is_delivered_signed_after_a_restart(db, tmp_path, re
         assert created.status_code == 202, created.text
         verification_id = created.json()["id"]
         complete(before, verification_id)
-        time.sleep(0.3)
+        assert before.app.state.callback_loop is None
         assert hook.received == []
         assert callbacks(before, who["one"], verification_id)["state"] == "pending"
     with app_for(db, tmp_path, hook.origin, run_callbacks=True) as after:  # a restart: the loop finds it
@@ -184,7 +184,8 @@ def test_attempts_are_bounded_and_a_dead_receiver_is_recorded(db, tmp_path, rece
         verification_id = submit(api, who["one"], tmp_path, callback_url=f"{hook.origin}/hook").json()["id"]
         api.post(f"/v1/verifications/{verification_id}/cancel", headers=auth(who["one"]))
         wait_for(lambda: callbacks(api, who["one"], verification_id)["state"] == "failed")
-        time.sleep(0.3)
+        loop, ticks = api.app.state.callback_loop, api.app.state.callback_loop.ticks
+        wait_for(lambda: loop.ticks >= ticks + 3)  # three more passes of the loop: nothing more is sent
         deliveries = callbacks(api, who["one"], verification_id)["deliveries"]
     assert [(d["attempt"], d["status_code"]) for d in deliveries] == [(1, 500), (2, 500), (3, 500)]
     assert deliveries[-1]["next_retry_at"] is None and len(hook.received) == 3

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 
 from service.auth import Role, digest
 from service.persistence import repository, tokens
@@ -73,6 +74,13 @@ def run_to_verdict(server: LiveServer, verification_id: str) -> None:
             assert repository.record_verdict(session, verification_id, attempt, report, worker="test")
     finally:
         engine.dispose()
+
+
+def _statements_on(engine: Any) -> list[str]:
+    """Every statement `engine` runs from now on (the streams' polls among them)."""
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, statement, *_: seen.append(statement))
+    return seen
 
 
 def test_the_stream_yields_the_events_in_order_and_ends_at_the_terminal_state(live, tmp_path):
@@ -196,8 +204,13 @@ def test_streams_are_capped_per_principal_and_in_total(sqlite_live, tmp_path):
         started = time.perf_counter()
         assert client.get("/healthz").status_code == 200
         assert time.perf_counter() - started < 1.0
-        time.sleep(0.3)  # the streams poll (poll_seconds 0.1) in between
-        assert server.app.state.engine.pool.checkedout() == 0
+        polls = _statements_on(server.app.state.engine)
+        seen = len(polls)
+        deadline = time.monotonic() + 30
+        while len(polls) < seen + 2 * 12 and time.monotonic() < deadline:  # each open stream polls twice more
+            time.sleep(0.05)
+        assert len(polls) >= seen + 2 * 12
+        assert server.app.state.engine.pool.checkedout() == 0  # and holds no connection in between
     finally:
         stop.set()
         for thread in threads:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +89,8 @@ def test_queue_page_renders_refreshes_and_looks_right(server, sqlite_url, tmp_pa
     with Browser(tmp_path) as browser:
         browser.sign_in(f"{server.url}/ui/queue", token)
         assert browser.url() == f"{server.url}/ui/queue"  # the token is in no URL the browser visited
-        time.sleep(3)  # two refreshes of the table
+        browser.wait_for("Number(document.querySelector('.snapshot').dataset.rendered)"
+                         " > Number(document.body.dataset.rendered)")  # the table was refreshed in place
         dom = browser.dom()
         cookie = browser.cookie("convgate_token")
         assert (cookie["secure"], cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (
