@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
-from service.api import exports
+from service import exports
 from service.api.app import create_app
 from service.attestations import attestation_for, trusted_public_keys, verify_envelope
 from service.auth import Role
