@@ -235,7 +235,9 @@ def test_network_policy_is_enforced_by_kube_router(node: KubeNode, ns: Any) -> N
                 "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
                          "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "allowed"}}}],
                                       "ports": [{"port": 8080}]}]}}, name)
-    time.sleep(2)  # kube-router applies a policy on its watch event, within a second here
+    # kube-router applies a policy on its watch event: a probe outside the policy retries until refused
+    api.create(pod("probe", node.busybox, f"for i in $(seq 30); do {fetch} || exit 0; sleep 1; done; exit 1"), name)
+    assert wait_phase(api, name, "probe", "Succeeded", "Failed")["status"]["phase"] == "Succeeded"
     # denied: three tries over a few seconds, every one refused (kube-router REJECTs)
     api.create(pod("denied", node.busybox, f"for i in 1 2 3; do {fetch} && echo through; sleep 2; done; true"), name)
     # allowed: its address joins the policy's ipset once kube-router sees the pod: retry until then
