@@ -1,9 +1,9 @@
 """The edges' one call: fetch a verification's inputs, then run the pure engine on local files.
 
 A source that cannot be had is `SourceUnavailableError` (no verdict possible); an artifact, release
-file or importance matrix refused or answered definitively (404, digest mismatch, outside the roots)
-is a NO-GO with its blocker; a transient failure raises `TransientFetchError` so the attempt ends
-without a verdict. The report names the artifact by its redacted URI.
+file, importance matrix or publisher's signature refused or answered definitively (404, digest
+mismatch, outside the roots) is a NO-GO with its blocker; a transient failure raises
+`TransientFetchError` so the attempt ends without a verdict. The report names the artifact by its redacted URI.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class InputUris:
     artifact: str
     release_files: tuple[str, ...] = ()
     imatrix: str | None = None  # the importance matrix the artifact was quantized with
+    source_signature: str | None = None  # the publishers' OpenSSF Model Signing signatures
+    artifact_signature: str | None = None
 
 
 def _release_files(uris: InputUris, fetch: FetchPolicy) -> tuple[Path, ...]:
@@ -44,6 +46,17 @@ def _imatrix(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch
     if uris.imatrix is None:
         return None
     return fetch_artifact(uris.imatrix, request.imatrix_sha256, store, fetch)
+
+
+def _signature(of: str, uri: str | None, expected: str | None, store: ContentStore,
+               fetch: FetchPolicy) -> Path | Blocker | None:
+    """A publisher's signature, fetched like the artifact; one that cannot be had is no evidence: NO-GO."""
+    if uri is None:
+        return None
+    try:
+        return fetch_artifact(uri, expected, store, fetch)
+    except FetchError as exc:
+        return Blocker(code=f"{of}.signature_invalid", gate="input", why=f"the {of}'s signature: {exc.why}")
 
 
 def _artifact(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch: FetchPolicy,
@@ -74,9 +87,19 @@ def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch:
     except FetchError as exc:
         code = "imatrix.sha256_mismatch" if exc.code == "artifact.sha256_mismatch" else "imatrix.unavailable"
         return unfetched(request, policy, Blocker(code=code, gate="input", why=f"importance matrix: {exc.why}"))
+    source_signature = _signature("source", uris.source_signature, request.source_signature_sha256, store, fetch)
+    artifact_signature = _signature("artifact", uris.artifact_signature, request.artifact_signature_sha256, store,
+                                    fetch)
+    for refused in (source_signature, artifact_signature):
+        if isinstance(refused, Blocker):
+            return unfetched(request, policy, refused)
+    assert not isinstance(source_signature, Blocker) and not isinstance(artifact_signature, Blocker)
     return LocalInputs(source=source, source_uri=redact_uri(uris.source), artifact=artifact,
                        artifact_uri=redact_uri(uris.artifact), release_files=release,
-                       imatrix=imatrix, imatrix_uri=redact_uri(uris.imatrix) if uris.imatrix else None)
+                       imatrix=imatrix, imatrix_uri=redact_uri(uris.imatrix) if uris.imatrix else None,
+                       source_signature=source_signature, artifact_signature=artifact_signature,
+                       source_signature_uri=redact_uri(uris.source_signature) if uris.source_signature else None,
+                       artifact_signature_uri=redact_uri(uris.artifact_signature) if uris.artifact_signature else None)
 
 
 def fetch_and_verify(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,

@@ -105,7 +105,14 @@ class Settings(BaseSettings):
     signing_key_file: Path | None = Field(
         None, description="Ed25519 private key (PEM) that signs attestations; none: one generated under cache_dir")
     trusted_key_files: tuple[Path, ...] = Field(
-        (), description="extra Ed25519 public keys (PEM) still trusted, e.g. keys rotated out")
+        (), description="public keys (PEM) still trusted after a rotation: Ed25519 for attestations, ECDSA for "
+        "model signatures")
+    model_signing_key_file: Path | None = Field(
+        None, description="ECDSA P-256 private key (PKCS#8 PEM) that signs the OpenSSF Model Signing signature of "
+        "a GO artifact; none: one generated under cache_dir")
+    publisher_key_files: tuple[Path, ...] = Field(
+        (), description="ECDSA public keys (PEM) of publishers whose OpenSSF Model Signing signatures of sources "
+        "and artifacts convgate checks; a submitter can name a signature, never a key")
 
     @field_validator("policies")
     @classmethod

@@ -2,11 +2,11 @@
 submission's URIs are stored so that their secrets never show.
 
 A submitted URI may carry a secret (a presigned query string, `user:pass@`). The stored request's
-`source_uri`, `artifact_uri`, `release_files` and `imatrix_uri` — and so the columns, the API, the report, events
-and logs — hold only the redacted form. The worker still needs the real URI to fetch, so the
-originals are kept under `request["fetch_uris"]` (only when they differ from the redacted form): a
-key no endpoint returns and no event or log quotes. It is plain JSON in the database, readable by
-whoever can read that table; the API is not such a reader.
+`source_uri`, `artifact_uri`, `release_files`, `imatrix_uri` and the signatures' URIs — and so the
+columns, the API, the report, events and logs — hold only the redacted form. The worker still needs
+the real URI to fetch, so the originals are kept under `request["fetch_uris"]` (only when they
+differ from the redacted form): a key no endpoint returns and no event or log quotes. It is plain
+JSON in the database, readable by whoever can read that table; the API is not such a reader.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ def stored_request(request: dict[str, Any]) -> dict[str, Any]:
                  "release_files": list(request.get("release_files") or [])}
     shown = {"source_uri": redact_uri(originals["source_uri"]), "artifact_uri": redact_uri(originals["artifact_uri"]),
              "release_files": [redact_uri(uri) for uri in originals["release_files"]]}
-    if request.get("imatrix_uri") is not None:
-        originals["imatrix_uri"] = request["imatrix_uri"]
-        shown["imatrix_uri"] = redact_uri(request["imatrix_uri"])
+    for key in ("imatrix_uri", "source_signature_uri", "artifact_signature_uri"):
+        if request.get(key) is not None:
+            originals[key] = request[key]
+            shown[key] = redact_uri(request[key])
     stored = request | shown
     if shown != originals:
         stored[FETCH_URIS] = originals
@@ -59,4 +60,6 @@ def input_uris(stored: dict[str, Any]) -> InputUris:
     """The URIs the worker fetches: the originals when the stored ones were redacted."""
     uris = stored.get(FETCH_URIS) or stored
     return InputUris(source=uris["source_uri"], artifact=uris["artifact_uri"],
-                     release_files=tuple(uris.get("release_files") or ()), imatrix=uris.get("imatrix_uri"))
+                     release_files=tuple(uris.get("release_files") or ()), imatrix=uris.get("imatrix_uri"),
+                     source_signature=uris.get("source_signature_uri"),
+                     artifact_signature=uris.get("artifact_signature_uri"))

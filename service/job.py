@@ -102,6 +102,9 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
         if stored.get("text_sets") else None,
         imatrix_sha256=stored.get("imatrix_sha256"),
         shard_sha256=tuple(stored.get("artifact_shard_sha256") or ()),
+        source_signature_sha256=stored.get("source_signature_sha256"),
+        artifact_signature_sha256=stored.get("artifact_signature_sha256"),
+        trusted_signers=tuple(stored.get("trusted_signers") or ()),
     )
 
 

@@ -87,6 +87,13 @@ class SubmitRequest(BaseModel):
     imatrix_uri: UriText | None = Field(None, description="the importance matrix the artifact was quantized with "
                                         "(llama.cpp GGUF or legacy .dat), fetched like the artifact")
     imatrix_sha256: Sha256Text | None = Field(None, description="its expected sha256 (with imatrix_uri)")
+    source_signature_uri: UriText | None = Field(
+        None, description="the source publisher's OpenSSF Model Signing signature (a bundle JSON), fetched like the "
+        "artifact; it must verify with a key the operator trusts and cover every source file read")
+    source_signature_sha256: Sha256Text | None = Field(None, description="its expected sha256 (with the URI)")
+    artifact_signature_uri: UriText | None = Field(
+        None, description="the artifact publisher's OpenSSF Model Signing signature, checked the same way")
+    artifact_signature_sha256: Sha256Text | None = Field(None, description="its expected sha256 (with the URI)")
     artifact_size: int | None = Field(None, ge=1, le=1 << 50, description="the artifact's size in bytes, if known: "
                                       "on Kubernetes, gate 1 of a large artifact is split over several pods")
     callback_url: UriText | None = Field(None, description="POSTed the verification's summary on a terminal state, "
@@ -97,8 +104,9 @@ class SubmitRequest(BaseModel):
 
     @model_validator(mode="after")
     def _imatrix_with_digest(self) -> SubmitRequest:
-        if (self.imatrix_uri is None) != (self.imatrix_sha256 is None):
-            raise ValueError("imatrix_uri and imatrix_sha256 go together")
+        for name in ("imatrix", "source_signature", "artifact_signature"):
+            if (getattr(self, f"{name}_uri") is None) != (getattr(self, f"{name}_sha256") is None):
+                raise ValueError(f"{name}_uri and {name}_sha256 go together")
         return self
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from edge.file_roots import file_uri_path
 from edge.redact import redact, redact_uri
 from edge.uri_policy import UriRefusedError
 from service import callbacks, reuse
+from service.attestations.oms import publisher_keys
 from service.config import INLINE_VERSION_PREFIX, Settings
 from service.fetching import public_request, stored_request, uri_policy
 from service.persistence import repository
@@ -106,14 +107,17 @@ class Admitted:
     policy: Policy
     policy_origin: str
     gate1_shards: int
+    trusted_signers: tuple[str, ...] = ()  # the operator's publisher keys (PEM), when the submission needs them
 
 
 def may_block(body: SubmitRequest) -> bool:
     """Whether admitting `body` waits on something outside the process: DNS for an https:// URI or a
     callback URL, the filesystem for a file:// URI (symlinks resolved, sizes read). Such an admission may
     take as long as a resolver or a mount does, so it never runs on the event loop; an hf:// one is pure."""
-    uris = (body.source_uri, body.artifact_uri, body.imatrix_uri, *body.release_files)
-    return body.callback_url is not None or any(uri is not None and not uri.startswith("hf:") for uri in uris)
+    uris = (body.source_uri, body.artifact_uri, body.imatrix_uri, body.source_signature_uri,
+            body.artifact_signature_uri, *body.release_files)
+    return (body.callback_url is not None or _signed(body)
+            or any(uri is not None and not uri.startswith("hf:") for uri in uris))
 
 
 def admit(settings: Settings, body: SubmitRequest, *, may_author_policies: bool = False) -> Admitted:
@@ -126,8 +130,9 @@ def admit(settings: Settings, body: SubmitRequest, *, may_author_policies: bool 
         checker.check(body.artifact_uri)
         for shard in split_shard_uris(body.artifact_uri, len(body.artifact_shard_sha256 or ())):
             checker.check(shard)
-        if body.imatrix_uri is not None:
-            checker.check(body.imatrix_uri)
+        for uri in (body.imatrix_uri, body.source_signature_uri, body.artifact_signature_uri):
+            if uri is not None:
+                checker.check(uri)
         for uri in body.release_files:
             if not uri.startswith("file://"):
                 raise UriRefusedError("release files are file:// URIs")
@@ -139,7 +144,13 @@ def admit(settings: Settings, body: SubmitRequest, *, may_author_policies: bool 
             callbacks.check_callback_url(checker, settings, body.callback_url)
         except UriRefusedError as exc:
             raise SubmissionError(f"callback_url: {redact(str(exc))}") from exc
-    return Admitted(body, policy, policy_origin, gate1_shards(settings, body))
+    signers = publisher_keys(settings) if _signed(body) else ()  # none given: no key is needed to refuse it
+    return Admitted(body, policy, policy_origin, gate1_shards(settings, body), signers)
+
+
+def _signed(body: SubmitRequest) -> bool:
+    """Whether `body` names a publisher's signature: admitting it reads the operator's publisher keys."""
+    return body.source_signature_uri is not None or body.artifact_signature_uri is not None
 
 
 def submit(session: Session, settings: Settings, submitter: str, admitted: Admitted,
@@ -154,8 +165,12 @@ def submit(session: Session, settings: Settings, submitter: str, admitted: Admit
     unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
     unset |= {"artifact_size"} if body.artifact_size is None else set()
     unset |= {"artifact_shard_sha256"} if body.artifact_shard_sha256 is None else set()
+    for signed in ("source_signature", "artifact_signature"):
+        unset |= {f"{signed}_uri", f"{signed}_sha256"} if getattr(body, f"{signed}_uri") is None else set()
     request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={
         "policy", "fresh", "callback_url", *unset}))  # fresh: how to answer, not what was asked
+    if admitted.trusted_signers:
+        request["trusted_signers"] = list(admitted.trusted_signers)  # the operator's, fixed now like the policy
     if body.callback_url is not None:
         request["callback_url"] = redact_uri(body.callback_url)  # the full URL is its column, never shown
     policy_sha256 = _sha256_of(policy, policy_origin)

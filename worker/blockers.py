@@ -127,6 +127,12 @@ BLOCKER_CODES: dict[str, str] = {
     "imatrix.entry_mismatch": "an imatrix entry's length does not fit its tensor: llama-quantize cannot have used it",
     "imatrix.sha256_mismatch": "the importance matrix's sha256 differs from the expected digest",
     "imatrix.unavailable": "the importance matrix could not be fetched or opened",
+    # --- publishers' signatures (OpenSSF Model Signing: source_signature_uri / artifact_signature_uri) ---
+    "source.signature_invalid": "the source's signature does not verify with a trusted key, or does not cover every "
+                                "source file read with the bytes read",
+    "artifact.signature_invalid": "the artifact's signature does not verify with a trusted key, or does not cover "
+                                  "every file of the artifact with the bytes read",
+    "source.signature_required": "the policy requires a valid source signature and none was given",
 }
 
 

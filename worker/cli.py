@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
 from urllib.parse import urlparse
@@ -31,6 +31,7 @@ from edge.store import ContentStore
 from edge.uri_policy import UriPolicy
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import UsageError
+from worker.oms import load_public_key
 from worker.policy import load_policy
 from worker.resources import ThreadSettingError, cpu_budget
 from worker.summary import render_summary
@@ -147,6 +148,19 @@ def _check_thread_setting() -> None:
         raise UsageError(str(exc)) from exc
 
 
+def _read_signers(paths: Sequence[Path]) -> tuple[str, ...]:
+    """The publishers' public keys, each refused now if it is not an OMS key (ECDSA P-256/384/521 PEM)."""
+    keys = []
+    for path in paths:
+        try:
+            pem = path.read_text(encoding="ascii")
+            load_public_key(pem)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--trusted-signer {path}: {exc}") from exc
+        keys.append(pem)
+    return tuple(keys)
+
+
 @exits_3_on_internal_error
 def verify_command(
     source: Annotated[str, typer.Option(help="Hugging Face model directory (path or file:// URI)")],
@@ -166,6 +180,13 @@ def verify_command(
     imatrix: Annotated[str | None, typer.Option(
         help="the importance matrix the artifact was quantized with (llama.cpp GGUF or .dat; path or URI)")] = None,
     imatrix_sha256: Annotated[str | None, typer.Option(help="expected sha256 of the importance matrix")] = None,
+    source_signature: Annotated[str | None, typer.Option(
+        help="the source publisher's OpenSSF Model Signing signature (path or URI): NO-GO unless it verifies with a "
+             "--trusted-signer key and covers every source file read")] = None,
+    artifact_signature: Annotated[str | None, typer.Option(
+        help="the artifact publisher's OpenSSF Model Signing signature, checked the same way")] = None,
+    trusted_signer: Annotated[list[Path] | None, typer.Option(
+        help="a publisher's ECDSA public key (PEM) a signature may verify with; repeatable")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="content-addressed download cache")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the JSON report instead of the summary")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="print the traceback of an internal error (exit 3)")] = False,
@@ -177,10 +198,15 @@ def verify_command(
         _check_thread_setting()
         uris = InputUris(source=_check_local(source, "source"), artifact=_check_local(artifact, "artifact"),
                          release_files=tuple(path.resolve().as_uri() for path in release or ()),
-                         imatrix=_check_local(imatrix, "imatrix") if imatrix is not None else None)
+                         imatrix=_check_local(imatrix, "imatrix") if imatrix is not None else None,
+                         source_signature=_check_local(source_signature, "source signature")
+                         if source_signature is not None else None,
+                         artifact_signature=_check_local(artifact_signature, "artifact signature")
+                         if artifact_signature is not None else None)
         request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts),
                                 text_sets=_read_text_sets(text_set), kind=kind, imatrix_sha256=imatrix_sha256,
-                                shard_sha256=tuple(shard_sha256 or ()))
+                                shard_sha256=tuple(shard_sha256 or ()),
+                                trusted_signers=_read_signers(trusted_signer or ()))
         chosen_policy = load_policy(policy)
         store = ContentStore(cache_dir or default_cache())
         install_log_redaction()

@@ -28,9 +28,10 @@ from worker.gates.storage_parts import StoragePart, merge_parts
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
-from worker.report import Control, FileDigest, GateResult, Report
+from worker.report import Control, FileDigest, GateResult, Report, SignatureCheck
 from worker.resources import cpu_budget
 from worker.runtime.sentence_config import sentence_config
+from worker.signature_check import SignatureInput, check_signatures
 from worker.texts import submitted_texts
 from worker.versions import package_version
 
@@ -65,6 +66,11 @@ class VerifyRequest:
     # a gguf-split artifact: every shard's expected sha256 in order, the first shard's included; when given,
     # each must match (expected_sha256, if also given, is the first's)
     shard_sha256: tuple[str, ...] = ()
+    # publishers' OMS signatures: their pinned digests, and the public keys (PEM) trusted to have made them,
+    # which come from the operator's configuration, never from the submitter
+    source_signature_sha256: str | None = None
+    artifact_signature_sha256: str | None = None
+    trusted_signers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +84,23 @@ class LocalInputs:
     release_files: tuple[Path, ...] = ()
     imatrix: Path | None = None  # the importance matrix the artifact was quantized with, if any
     imatrix_uri: str | None = None  # default: the imatrix's file:// URI
+    source_signature: Path | None = None  # the source publisher's OMS signature, if any
+    source_signature_uri: str | None = None
+    artifact_signature: Path | None = None  # the artifact publisher's OMS signature, if any
+    artifact_signature_uri: str | None = None
+
+    def signatures(self, request: VerifyRequest) -> list[SignatureInput]:
+        """The publishers' signatures given, each named by its URI and pinned by its expected digest."""
+        found = []
+        if self.source_signature is not None:
+            found.append(SignatureInput(of="source", path=self.source_signature,
+                                        uri=self.source_signature_uri or self.source_signature.absolute().as_uri(),
+                                        expected_sha256=request.source_signature_sha256))
+        if self.artifact_signature is not None:
+            found.append(SignatureInput(of="artifact", path=self.artifact_signature,
+                                        uri=self.artifact_signature_uri or self.artifact_signature.absolute().as_uri(),
+                                        expected_sha256=request.artifact_signature_sha256))
+        return found
 
     @property
     def artifact_name(self) -> str:
@@ -112,6 +135,7 @@ class _Run:
         self.artifact: FileDigest | None = None
         self.imatrix: FileDigest | None = None
         self.controls: list[Control] = []
+        self.signatures: list[SignatureCheck] = []
 
     def stop_all(self, blocker: Blocker | tuple[Blocker, ...], why: str) -> None:
         self.blockers.extend(blocker if isinstance(blocker, tuple) else (blocker,))
@@ -122,6 +146,16 @@ class _Run:
         self.gates[result.name] = result
         self.timings[result.name] = result.seconds
         self.blockers.extend(blockers)
+
+    def check_signatures(self, inputs: LocalInputs, policy: Policy, pieces: int) -> None:
+        """The publishers' signatures against the files digested so far (the artifact's `pieces`, then the
+        source's); a bad one is NO-GO whatever the gates find, and they still run, to say what else."""
+        signed = check_signatures(inputs.signatures(self.request), self.request.trusted_signers, policy,
+                                  pieces=self.files[:pieces], source_files=self.files[pieces:],
+                                  source_uri=inputs.source_name)
+        self.files.extend(signed.files)
+        self.signatures = signed.checks
+        self.blockers.extend(signed.blockers)
 
     def check_controls(self, inputs: ControlInputs) -> None:
         """Plant one defect per comparison of every gate that ran; one that passes is a blocker."""
@@ -140,7 +174,7 @@ class _Run:
             blockers=self.blockers, gates=self.gates,
             policy={"values": policy.model_dump(mode="json"), "sha256": policy.sha256()},
             artifact=self.artifact, files=self.files, not_verified=self.not_verified + list(ALWAYS_NOT_VERIFIED),
-            environment=environment(), timings=self.timings, controls=self.controls,
+            environment=environment(), timings=self.timings, controls=self.controls, signatures=self.signatures,
         )
 
 
@@ -248,6 +282,7 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
     if mismatched := _digest_mismatches(request, len(artifact_paths(artifact)), digests):
         run.stop_all(mismatched, "artifact digest mismatch")
         return run.report(policy), None
+    run.check_signatures(inputs, policy, len(pieces))
     imatrix = _load_imatrix(run, request, inputs)
     if isinstance(imatrix, Blocker):
         run.stop_all(imatrix, "the importance matrix was refused")

@@ -35,6 +35,10 @@ PRINTABLE_LINE = "^[^\\x00-\\x1f\\x7f-\\x9f\u2028\u2029]+$"
 SliceName = Annotated[str, Field(min_length=1, max_length=64, pattern=PRINTABLE_LINE)]
 
 
+# fields added after policies were first stored, with the default that asks for nothing new
+NEUTRAL_WHEN_ADDED: dict[str, object] = {"require_source_signature": False}
+
+
 class Policy(BaseModel):
     """Verification thresholds. Defaults: token ids exact, every top-1 equal, gate 2 correctness per compute
     class, quality budgets per precision class. Every number is finite (a NaN compares false with every
@@ -46,6 +50,10 @@ class Policy(BaseModel):
         "2026.12-1", min_length=1, max_length=VERSION_MAX_CHARS, pattern=PRINTABLE_LINE,
         description=f"at most {VERSION_MAX_CHARS} printable characters on one line; an inline policy's version is "
         "stored prefixed 'inline-', and the prefix counts towards the limit")
+    # inputs
+    require_source_signature: bool = Field(
+        False, description="NO-GO unless the source comes with an OpenSSF Model Signing signature by a key the "
+        "operator trusts that covers every source file read")
     # gate 1
     reproduce_quantized: bool = Field(
         True, description="re-quantize deterministic types and require identical bytes (else per-type bound)"
@@ -112,7 +120,14 @@ class Policy(BaseModel):
         return RerankThresholds(max_score_abs_diff=max(self.rerank[name].max_score_abs_diff for name in classes))
 
     def sha256(self) -> str:
-        canonical = json.dumps(json.loads(self.model_dump_json()), sort_keys=True, separators=(",", ":"))
+        """The hash of the canonical JSON. A field added with a default that changes nothing is left out
+        while it has that default, so every policy that does not use it keeps the hash it had: a stored
+        verdict is still found for an identical submission, and an auditor's pinned hash still matches."""
+        values = json.loads(self.model_dump_json())
+        for name, neutral in NEUTRAL_WHEN_ADDED.items():
+            if values.get(name) == neutral:
+                del values[name]
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

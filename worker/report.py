@@ -90,6 +90,16 @@ def printable(value: Any) -> Any:
     return value
 
 
+class SignatureCheck(BaseModel):
+    """A publisher's signature that verified with a trusted key and covered every file read of its input."""
+
+    of: Literal["source", "artifact"]
+    uri: str
+    sha256: str  # of the signature file
+    signer: str  # sha256 of the signing key (SubjectPublicKeyInfo PEM)
+    files: int  # the files it was checked to cover
+
+
 class Report(BaseModel):
     """The JSON report. `verdict` is GO only when `blockers` is empty and every requested gate ran.
 
@@ -105,6 +115,7 @@ class Report(BaseModel):
     environment: dict[str, str]
     timings: dict[str, float]
     controls: list[Control] = Field(default_factory=list)  # the negative controls run before trusting a GO
+    signatures: list[SignatureCheck] = Field(default_factory=list)  # publishers' signatures that verified
 
     @model_serializer(mode="wrap")
     def _printable(self, handler: SerializerFunctionWrapHandler) -> Any:

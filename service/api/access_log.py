@@ -18,7 +18,7 @@ from service.persistence.cursors import decode_before_id, encode_before_id
 from service.schemas import PRINTABLE, UUID_PATTERN, AccessLogEntry, AccessLogPage, Moment
 
 Action = Literal["read_verification", "read_report", "read_events", "list_verifications", "read_access_log",
-                 "export_verdicts", "read_attestation", "read_callbacks"]
+                 "export_verdicts", "read_attestation", "read_model_signature", "read_callbacks"]
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 

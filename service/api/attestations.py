@@ -1,10 +1,12 @@
 """GET /v1/verifications/{id}/attestation: the verdict's signed DSSE envelope, signed on first request
-and identical on every later one. Visible to whoever may read the verification."""
+and identical on every later one; GET /v1/verifications/{id}/signature: the OpenSSF Model Signing
+signature of a GO artifact. Visible to whoever may read the verification."""
 
 from __future__ import annotations
 
 import json
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
@@ -15,6 +17,7 @@ from service.api.endpoints import VerificationId, _visible
 from service.api.errors import ERRORS
 from service.attestations import KeyFileError, attestation_for
 from service.attestations.issue import vsa_for
+from service.attestations.oms import model_signature_for
 from service.attestations.vsa import SummaryUnavailableError
 from service.auth import READ_OWN_OR_ANY
 
@@ -51,3 +54,33 @@ async def read_attestation(verification_id: VerificationId, request: Request, se
         media = DSSE_MEDIA_TYPE if DSSE_MEDIA_TYPE in request.headers.get("accept", "") else "application/json"
         return Response(json.dumps(envelope, separators=(",", ":")), media_type=media)
     return await run_in_threadpool(attest)
+
+
+BUNDLE = {"schema": {"type": "object", "required": ["mediaType", "verificationMaterial", "dsseEnvelope"]}}
+
+
+@router.get("/verifications/{verification_id}/signature", response_model=None, responses={
+    200: {"description": "the OpenSSF Model Signing signature of the verified artifact (a Sigstore bundle), signed "
+                         "with the operator's model-signing key: `model_signing verify key <artifact> --signature "
+                         "<this> --public_key <convgate keys show --model-signing>` accepts the released file",
+          "content": {"application/json": BUNDLE}},
+    409: {**ERRORS[400], "description": "no GO verdict: only what convgate found good is signed"},
+    503: {**ERRORS[400], "description": "the model-signing key cannot be loaded"}})
+async def read_model_signature(verification_id: VerificationId, request: Request, session: SessionDep,
+                               settings: SettingsDep,
+                               principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Response:
+    def sign() -> Response:
+        verification = _visible(session, verification_id, principal)
+        try:
+            bundle = model_signature_for(session, settings, verification)
+        except KeyFileError as exc:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"model-signing key: {exc}") from exc
+        if bundle is None:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"no GO verdict (state {verification.state}, verdict "
+                                f"{verification.verdict_result or 'none'}): only a GO artifact is signed")
+        access_log.record(session, request, principal, "read_model_signature", verification.id)
+        session.commit()
+        name = verification.artifact_uri.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] or "artifact"
+        return Response(bundle, media_type="application/json",
+                        headers={"Content-Disposition": f'attachment; filename="{quote(name)}.sig"'})
+    return await run_in_threadpool(sign)

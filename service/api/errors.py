@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from service.attestations.keys import KeyFileError
 from service.persistence.cursors import InvalidCursorError
 from service.schemas import ErrorOut
 from service.verifications import IdempotencyConflictError, PolicyRefusedError, SubmissionError
@@ -27,7 +28,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 # The status each convgate error the API lets through answers with; any other is a bug: a 500.
 STATUS_OF: dict[type[ConvgateError], int] = {
-    InvalidCursorError: 400, PolicyRefusedError: 403, IdempotencyConflictError: 409, SubmissionError: 422}
+    InvalidCursorError: 400, PolicyRefusedError: 403, IdempotencyConflictError: 409, SubmissionError: 422,
+    KeyFileError: 503}  # a key the operator configured cannot be read: the server's to fix, retry later
 # The code of a refusal the API makes itself (an HTTPException), by status.
 HTTP_CODES = {400: "request.malformed", 401: "auth.unauthenticated", 403: "auth.forbidden", 404: "not_found",
               405: "request.method_not_allowed", 409: "conflict", 413: "request.too_large",

@@ -4,6 +4,7 @@ optionally local copies of the attested files."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Annotated, Any
 import typer
 
 from service.attestations.envelope import AttestationRefusedError, Verified, verify_envelope
-from service.attestations.keys import KeyFileError, active_signing_key, keyid_of, load_public_key, public_pem
+from service.attestations.keys import KeyFileError, keyid_of, load_public_key, public_pem, trusted_public_keys
+from service.attestations.oms import model_signing_key, rotated_public_keys
+from service.attestations.oms import public_pem as oms_public_pem
 from service.attestations.statement import Statement, statement_json
 from service.attestations.subjects import check_subjects
 from service.attestations.tensors import check_tensors
@@ -20,7 +23,7 @@ from service.attestations.vsa import VsaStatement
 from service.config import Settings
 
 EXIT_VERIFIED, EXIT_REFUSED, EXIT_CANNOT_CHECK = 0, 1, 2
-keys_app = typer.Typer(no_args_is_help=True, help="The Ed25519 key that signs attestations.")
+keys_app = typer.Typer(no_args_is_help=True, help="The keys that sign attestations (Ed25519) and model signatures.")
 attestation_app = typer.Typer(no_args_is_help=True, help="Check signed attestations offline.")
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
@@ -31,24 +34,35 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 @keys_app.command("show")
-def keys_show(as_json: JsonOpt = False) -> None:
+def keys_show(as_json: JsonOpt = False, model_signing: Annotated[bool, typer.Option(
+        "--model-signing", help="the key that signs OpenSSF Model Signing signatures of GO artifacts instead "
+                                "(give its public half to `model_signing verify key --public_key`)")] = False) -> None:
     """The active signing key's public half (PEM) and key id, plus the other trusted public keys;
     on the embedded default the key is generated on first use."""
     settings = Settings()
     try:
-        active = active_signing_key(settings).public
-        trusted = [(path, load_public_key(path)) for path in settings.trusted_key_files]
+        if model_signing:  # ids as the library's key hint: the sha256 of the PEM
+            algorithm = "ecdsa-p256"
+            active = _with_id(oms_public_pem(model_signing_key(settings).public_key()))
+            trusted = [_with_id(oms_public_pem(key)) for key in rotated_public_keys(settings)]
+        else:
+            algorithm = "ed25519"
+            keys = trusted_public_keys(settings)
+            active, trusted = (keyid_of(keys[0]), public_pem(keys[0])), [(keyid_of(k), public_pem(k)) for k in keys[1:]]
     except KeyFileError as exc:
         raise _fail(str(exc), EXIT_CANNOT_CHECK) from exc
     if as_json:
-        document = {"keyid": keyid_of(active), "algorithm": "ed25519", "public_key_pem": public_pem(active),
-                    "trusted": [{"keyid": keyid_of(k), "file": str(p), "public_key_pem": public_pem(k)}
-                                for p, k in trusted]}
+        document = {"keyid": active[0], "algorithm": algorithm, "public_key_pem": active[1],
+                    "trusted": [{"keyid": keyid, "public_key_pem": pem} for keyid, pem in trusted]}
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
         return
-    sys.stdout.write(f"keyid: {keyid_of(active)}\n{public_pem(active)}")
-    for path, key in trusted:
-        sys.stdout.write(f"also trusted: {keyid_of(key)} ({path})\n")
+    sys.stdout.write(f"keyid: {active[0]}\n{active[1]}")
+    for keyid, _pem in trusted:
+        sys.stdout.write(f"also trusted: {keyid}\n")
+
+
+def _with_id(pem: str) -> tuple[str, str]:
+    return hashlib.sha256(pem.encode()).hexdigest(), pem
 
 
 def _envelope(path: Path) -> Any:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from worker.errors import ConvgateError
@@ -77,7 +80,7 @@ class SigningKey:
                                           serialization.NoEncryption())
 
 
-def _read(path: Path) -> bytes:
+def read_key_file(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
@@ -87,7 +90,7 @@ def _read(path: Path) -> bytes:
 def load_signing_key(path: Path) -> SigningKey:
     """An unencrypted PKCS#8 PEM Ed25519 private key (`openssl genpkey -algorithm ed25519`)."""
     try:
-        private = serialization.load_pem_private_key(_read(path), password=None)
+        private = serialization.load_pem_private_key(read_key_file(path), password=None)
     except (ValueError, TypeError) as exc:
         raise KeyFileError(f"{path} is not an unencrypted PEM private key: {exc}") from exc
     if not isinstance(private, Ed25519PrivateKey):
@@ -95,35 +98,44 @@ def load_signing_key(path: Path) -> SigningKey:
     return SigningKey(private)
 
 
-def load_public_key(path: Path) -> Ed25519PublicKey:
-    """A PEM Ed25519 public key (what `convgate keys show` prints); a private key file gives its public half."""
-    data = _read(path)
+def any_public_key(path: Path) -> PublicKeyTypes:
+    """The public key in a PEM file; a private key file gives its public half."""
+    data = read_key_file(path)
     try:
-        key = (serialization.load_pem_private_key(data, password=None).public_key() if b"PRIVATE KEY" in data
-               else serialization.load_pem_public_key(data))
+        return (serialization.load_pem_private_key(data, password=None).public_key() if b"PRIVATE KEY" in data
+                else serialization.load_pem_public_key(data))
     except (ValueError, TypeError) as exc:
         raise KeyFileError(f"{path} is not a PEM public key: {exc}") from exc
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    """A PEM Ed25519 public key (what `convgate keys show` prints); a private key file gives its public half."""
+    key = any_public_key(path)
     if not isinstance(key, Ed25519PublicKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}; attestations are signed with Ed25519")
     return key
 
 
+def generated_pem(path: Path, make: Callable[[], bytes]) -> bytes:
+    """The key file at `path`, made there first by `make` if absent: written to a private temporary file
+    and linked into place, so concurrent first uses agree on one key and nobody reads half a file."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".key-")  # created 0600
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(make())
+            os.link(temporary, path)  # fails if another process won the race: theirs is the key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+    return read_key_file(path)
+
+
 def generated_key(path: Path) -> SigningKey:
-    """The key at `path`, generated there first if absent: written to a private temporary file and
-    linked into place, so concurrent first uses agree on one key and nobody reads half a file."""
-    if path.exists():
-        return load_signing_key(path)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = SigningKey.generate()
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".key-")  # created 0600
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(key.private_pem())
-        os.link(temporary, path)  # fails if another process won the race: theirs is the key
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(temporary)
+    """The Ed25519 key at `path`, generated there first if absent."""
+    generated_pem(path, lambda: SigningKey.generate().private_pem())
     return load_signing_key(path)
 
 
@@ -135,5 +147,11 @@ def active_signing_key(settings: Settings) -> SigningKey:
 
 
 def trusted_public_keys(settings: Settings) -> list[Ed25519PublicKey]:
-    """The active key's public half, then every extra trusted key (those rotated out, still honoured)."""
-    return [active_signing_key(settings).public, *(load_public_key(p) for p in settings.trusted_key_files)]
+    """The active key's public half, then every extra trusted Ed25519 key (those rotated out, still
+    honoured); the list's ECDSA keys are model-signing keys (`service.attestations.oms`)."""
+    rotated = [any_public_key(path) for path in settings.trusted_key_files]
+    for path, key in zip(settings.trusted_key_files, rotated, strict=True):
+        if not isinstance(key, Ed25519PublicKey | EllipticCurvePublicKey):
+            raise KeyFileError(f"{path} holds a {type(key).__name__}: neither an attestation key (Ed25519) nor a "
+                               "model-signing key (ECDSA)")
+    return [active_signing_key(settings).public, *(key for key in rotated if isinstance(key, Ed25519PublicKey))]

@@ -63,6 +63,9 @@ class Predicate(_Strict):
     # the quantization cost gate 2 measured against the source: slice -> figures (KL and its percentiles, Δp,
     # same top token, perplexity ratio; min cosine for embeddings); empty when gate 2 did not measure it
     quality: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # the publishers' OMS signatures that verified with a trusted key and covered every file read
+    # ({of, uri, sha256 of the signature file, signer, files}); empty when none was given
+    input_signatures: list[dict[str, Any]] = Field(default_factory=list)
     signing_keyid: Sha256Hex
 
 
@@ -133,7 +136,7 @@ def build_statement(attested: Attested, keyid: str) -> Statement:
         versions=_versions(report.get("environment") or {}),
         tensor_data_sha256=dict(sorted(digests.items())),
         tensors_without_digest=sorted(row["gguf_name"] for row in rows if not row.get("data_sha256")),
-        quality=_quality(report), signing_keyid=keyid)
+        quality=_quality(report), input_signatures=list(report.get("signatures") or ()), signing_keyid=keyid)
     return Statement.model_validate({"_type": STATEMENT_TYPE, "subject": _subjects(attested),
                                      "predicateType": PREDICATE_TYPE, "predicate": predicate})
 

@@ -47,7 +47,7 @@ class VsaPredicate(_Strict):
     timeVerified: str  # noqa: N815 - the SLSA field names
     resourceUri: str  # noqa: N815
     policy: ResourceDescriptor
-    inputAttestations: list[ResourceDescriptor]  # noqa: N815 - signatures checked on the inputs (none yet)
+    inputAttestations: list[ResourceDescriptor]  # noqa: N815 - the publishers' signatures checked on the inputs
     verificationResult: Literal["PASSED", "FAILED"]  # noqa: N815
     verifiedLevels: list[str]  # noqa: N815
     slsaVersion: Literal["1.0"] = "1.0"  # noqa: N815
@@ -90,7 +90,9 @@ def build_vsa(attested: Attested) -> VsaStatement:
         timeVerified=attested.verdict_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), resourceUri=artifact["uri"],
         policy=ResourceDescriptor(uri=policy_uri(attested.policy_origin, (policy.get("values") or {}).get("version")),
                                   digest=Digest(sha256=policy["sha256"])),
-        inputAttestations=[], verificationResult="PASSED" if passed else "FAILED", verifiedLevels=levels)
+        inputAttestations=[ResourceDescriptor(uri=signature["uri"], digest=Digest(sha256=signature["sha256"]))
+                           for signature in report.get("signatures") or ()],
+        verificationResult="PASSED" if passed else "FAILED", verifiedLevels=levels)
     return VsaStatement.model_validate({
         "_type": "https://in-toto.io/Statement/v1", "predicateType": VSA_PREDICATE_TYPE, "predicate": predicate,
         "subject": [Subject(name=entry["uri"], digest=Digest(sha256=entry["sha256"]))

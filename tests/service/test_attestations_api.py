@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from typer.testing import CliRunner
@@ -195,3 +199,62 @@ def test_the_vsa_is_served_signed_by_the_same_key_and_securesystemslib_verifies_
     assert statement["subject"][0]["digest"]["sha256"] == report(files)["artifact"]["sha256"]
     assert api.get(f"/v1/verifications/{created}/attestation", params={"predicate": "other"},
                    headers=headers(api)).status_code == 422
+
+
+def _model_signing_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The model-signing library's own command, as a platform runs it."""
+    command = shutil.which("model_signing", path=str(Path(sys.executable).parent)) or shutil.which("model_signing")
+    assert command, "model-signing is a dev dependency: its model_signing command must be installed"
+    return subprocess.run([command, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_go_artifact_is_signed_in_oms_and_the_librarys_own_verifier_accepts_only_its_bytes(api, files, tmp_path):
+    """issue 25 item 2: the signature of a GO artifact, served like its attestation, verifies with
+    `model_signing verify key` against the key `convgate keys show --model-signing` prints, and refuses a
+    changed artifact and another key."""
+    from service.attestations.oms import model_signing_key, public_pem
+
+    created = submitted(api, files)
+    assert api.get(f"/v1/verifications/{created}/signature", headers=headers(api)).status_code == 409  # no verdict
+    complete(api, created, files)
+    assert api.get(f"/v1/verifications/{created}/signature", headers=headers(api, "other")).status_code == 404
+    response = api.get(f"/v1/verifications/{created}/signature", headers=headers(api, "auditor"))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-disposition"] == f'attachment; filename="{files.artifact.name}.sig"'
+    signature, public = tmp_path / "artifact.sig", tmp_path / "convgate.pub"
+    signature.write_bytes(response.content)
+    public.write_text(public_pem(model_signing_key(api.app.state.settings).public_key()))
+    accepted = _model_signing_cli("verify", "key", str(files.artifact), "--signature", str(signature),
+                                  "--public_key", str(public))
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    changed = tmp_path / "changed" / files.artifact.name
+    changed.parent.mkdir()
+    changed.write_bytes(files.artifact.read_bytes()[:-1] + bytes([files.artifact.read_bytes()[-1] ^ 1]))
+    refused = _model_signing_cli("verify", "key", str(changed), "--signature", str(signature),
+                                 "--public_key", str(public))
+    assert refused.returncode != 0 and "Verification succeeded" not in refused.stdout
+    other = tmp_path / "other.pub"
+    other.write_text(public_pem(ec.generate_private_key(ec.SECP256R1()).public_key()))
+    wrong_key = _model_signing_cli("verify", "key", str(files.artifact), "--signature", str(signature),
+                                   "--public_key", str(other))
+    assert wrong_key.returncode != 0
+
+
+def test_a_no_go_artifact_is_not_signed(api, files):
+    created = submitted(api, files)
+    complete(api, created, files, {"verdict": "NO-GO", "blockers": [
+        {"code": "gguf.truncated", "gate": "storage", "why": "cut short"}]})
+    response = api.get(f"/v1/verifications/{created}/signature", headers=headers(api))
+    assert response.status_code == 409 and "only a GO artifact is signed" in response.json()["detail"]
+
+
+def test_an_unloadable_model_signing_key_is_a_503_and_an_ed25519_one_is_refused(database, files, tmp_path):
+    token = add_token(database, Role.SUBMITTER)
+    ed25519 = tmp_path / "ed25519.pem"
+    ed25519.write_bytes(SigningKey.generate().private_pem())  # the library's key method refuses Ed25519
+    with client_for(database, tmp_path, model_signing_key_file=ed25519) as client:
+        client.tokens = {"submitter": token}
+        created = submitted(client, files)
+        complete(client, created, files)
+        response = client.get(f"/v1/verifications/{created}/signature", headers=headers(client))
+    assert response.status_code == 503 and "ECDSA P-256" in response.json()["detail"]

@@ -278,3 +278,9 @@ def test_since_and_until_are_instants_in_every_offset(database, tmp_path):
                 rows, _ = repository.list_verifications(session, repository.ListFilters(
                     since=datetime.fromisoformat(since), until=datetime.fromisoformat(until)), limit=10)
                 assert [row.id for row in rows] == [ids[3], ids[2]], offset
+
+
+def test_a_policy_that_requires_a_source_signature_hashes_otherwise():
+    """issue 25: the new field leaves every earlier policy's hash alone, and changes it when it is used."""
+    assert Policy(require_source_signature=False).sha256() == DEFAULT_POLICY_SHA256
+    assert Policy(require_source_signature=True).sha256() != DEFAULT_POLICY_SHA256
