@@ -1,19 +1,28 @@
 """The queue as operators see it: counts by state, the oldest waiting verification and every active
-one with its wait and run times, Kueue status and position. Read by `GET /v1/queue` and the operator
+one with its wait and run times, Kueue status and position, and when each waiting one is expected to
+start (`service/queue_estimate.py`). Read by `GET /v1/queue` and the operator
 page alike."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy.orm import Session
 
+from service.config import Settings
+from service.lifecycle import State
 from service.persistence import repository, stats
 from service.persistence.clock import as_utc, now
 from service.persistence.models import Verification
-from service.schemas import QueueItem, QueueOut
+from service.persistence.recent import recent_run_seconds
+from service.queue_estimate import Queued, basis, start_in_seconds
+from service.schemas import QueueEstimate, QueueItem, QueueOut
 
 
-def snapshot(session: Session, dispatcher: str) -> QueueOut:
+def snapshot(session: Session, settings: Settings) -> QueueOut:
     moment = now(session)
+    dispatcher = settings.dispatcher
+    pool = settings.concurrency if dispatcher == "local" else None  # on Kubernetes, Kueue's quota decides
 
     def item(v: Verification) -> QueueItem:
         created, started = as_utc(v.created_at), as_utc(v.started_at)
@@ -26,5 +35,19 @@ def snapshot(session: Session, dispatcher: str) -> QueueOut:
                          run_seconds=None if started is None else (moment - started).total_seconds())
 
     oldest = repository.oldest_queued(session)
-    return QueueOut(counts=stats.state_counts(session), oldest_waiting=item(oldest) if oldest else None,
-                    active=[item(v) for v in repository.active(session)], dispatcher=dispatcher)
+    active = [item(v) for v in repository.active(session)]
+    known = basis(recent_run_seconds(session), sum(1 for a in active if a.state == State.RUNNING), pool)
+    starts = start_in_seconds([Queued(id=a.id, state=a.state, run_seconds=a.run_seconds,
+                                      queue_position=a.queue_position) for a in active], known)
+
+    def estimated(queued: QueueItem) -> QueueItem:
+        seconds = starts.get(queued.id)
+        if seconds is None:
+            return queued
+        return queued.model_copy(update={"estimated_start_seconds": seconds,
+                                         "estimated_start_at": moment + timedelta(seconds=seconds)})
+
+    return QueueOut(counts=stats.state_counts(session), oldest_waiting=estimated(item(oldest)) if oldest else None,
+                    active=[estimated(a) for a in active], dispatcher=dispatcher,
+                    estimate=QueueEstimate(runs=known.runs, median_run_seconds=known.median_run_seconds,
+                                           parallel=known.parallel))

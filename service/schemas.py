@@ -240,6 +240,19 @@ class QueueItem(BaseModel):
     source_uri: str | None = None
     wait_seconds: float | None = Field(None, description="from submission until its worker started (or now)")
     run_seconds: float | None = Field(None, description="since its worker started; none before")
+    estimated_start_seconds: float | None = Field(
+        None, description="a waiting one's expected start, in seconds from now (see `estimate`); none once started, "
+        "or with no finished run to learn from")
+    estimated_start_at: datetime | None = None
+
+
+class QueueEstimate(BaseModel):
+    """What the start estimates stand on: the median run time of the latest finished runs, and how many
+    are assumed to run at once (as many as run now under Kueue's quota, or the local pool's workers)."""
+
+    runs: int
+    median_run_seconds: float | None
+    parallel: int
 
 
 class QueueOut(BaseModel):
@@ -247,3 +260,4 @@ class QueueOut(BaseModel):
     oldest_waiting: QueueItem | None
     active: list[QueueItem]
     dispatcher: str
+    estimate: QueueEstimate | None = None

@@ -202,4 +202,4 @@ def cancel_verification(verification_id: VerificationId, session: SessionDep,
 @router.get("/queue", response_model=QueueOut)
 def read_queue(session: SessionDep, settings: SettingsDep,
                principal: Annotated[Principal, require(OPERATE)]) -> QueueOut:
-    return queue.snapshot(session, settings.dispatcher)
+    return queue.snapshot(session, settings)

@@ -29,6 +29,7 @@ from service.api.pages_html import PAGES, login_page, page_principal, safe_next
 from service.api.ui_sessions import SESSION_SECONDS
 from service.attestations import KeyFileError
 from service.auth import OPERATE
+from service.config import Settings
 from service.persistence.clock import as_utc, now
 from service.persistence.recent import recent_finished
 from service.queue import snapshot as queue_snapshot
@@ -37,8 +38,8 @@ from service.templating import render
 router = APIRouter(prefix="/ui")
 MAX_FORM_BYTES = 4096
 RECENT = 20  # finished verifications shown under the queue
-ACTIVE_HEAD = ("id", "model", "submitter", "state", "attempt", "waited", "ran", "progress", "Kueue", "worker",
-               "failed", "last reason")
+ACTIVE_HEAD = ("id", "model", "submitter", "state", "attempt", "waited", "ran", "starts in", "progress", "Kueue",
+               "worker", "failed", "last reason")
 FINISHED_HEAD = ("id", "model", "submitter", "finished", "outcome", "first blocker", "reason", "waited", "ran",
                  "report")
 
@@ -55,12 +56,13 @@ def _finished(row: Row[Any], moment: datetime) -> dict[str, Any]:
             "waited": _seconds(row.created_at, row.started_at), "ran": _seconds(row.started_at, row.finished_at)}
 
 
-def _snapshot(session: Session, dispatcher: str) -> dict[str, Any]:
+def _snapshot(session: Session, settings: Settings) -> dict[str, Any]:
     """What the queue's snapshot shows: counts, active work, then the latest finished."""
-    queue = queue_snapshot(session, dispatcher)
+    queue = queue_snapshot(session, settings)
     moment = now(session)
     return {"rendered": time.time_ns(), "counts": sorted(queue.counts.items()), "oldest": queue.oldest_waiting,
             "dispatcher": queue.dispatcher, "active": queue.active, "active_head": ACTIVE_HEAD,
+            "estimate": queue.estimate,
             "finished_head": FINISHED_HEAD,
             "finished": [_finished(row, moment) for row in recent_finished(session, RECENT)]}
 
@@ -137,10 +139,10 @@ def queue_page(request: Request, session: SessionDep, settings: SettingsDep) -> 
     principal = page_principal(request, session, "/ui/queue")
     if isinstance(principal, HTMLResponse):
         return principal
-    return HTMLResponse(render("queue.html", title="convgate queue", **_snapshot(session, settings.dispatcher)))
+    return HTMLResponse(render("queue.html", title="convgate queue", **_snapshot(session, settings)))
 
 
 @router.get("/queue/table", response_class=HTMLResponse)
 def queue_table(session: SessionDep, settings: SettingsDep,
                 principal: Annotated[Principal, require_ui(OPERATE)]) -> HTMLResponse:
-    return HTMLResponse(render("queue_snapshot.html", **_snapshot(session, settings.dispatcher)))
+    return HTMLResponse(render("queue_snapshot.html", **_snapshot(session, settings)))

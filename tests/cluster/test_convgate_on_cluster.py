@@ -419,7 +419,7 @@ def test_kueue_down_keeps_verifications_queued_with_a_reason(cluster, scenarios,
         from service.queue import snapshot as queue_snapshot
 
         with store.factory() as session:
-            shown = {item.id: item for item in queue_snapshot(session, "kubernetes").active}
+            shown = {item.id: item for item in queue_snapshot(session, settings).active}
         assert all("failed calling webhook" in (shown[v].reason or "") for v in ids)
     finally:
         cluster.start_kueue()

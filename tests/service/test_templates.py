@@ -25,7 +25,8 @@ def _queue_item() -> SimpleNamespace:
     return SimpleNamespace(id=HOSTILE, state=HOSTILE, attempt=1, wait_seconds=3.0, run_seconds=None,
                            progress={"done": HOSTILE, "total": HOSTILE, "stage": HOSTILE}, cluster_status=HOSTILE,
                            queue_position=2, worker=HOSTILE, failed_attempts=0, reason=HOSTILE,
-                           submitted_by=HOSTILE, artifact_uri=HOSTILE, source_uri=HOSTILE)
+                           submitted_by=HOSTILE, artifact_uri=HOSTILE, source_uri=HOSTILE,
+                           estimated_start_seconds=90.0)
 
 
 def _snapshot() -> dict[str, object]:
@@ -35,7 +36,8 @@ def _snapshot() -> dict[str, object]:
     verdict = finished | {"verdict_result": HOSTILE}
     return {"rendered": 1, "counts": [(HOSTILE, 1)], "oldest": SimpleNamespace(id=HOSTILE, age_seconds=1.0),
             "dispatcher": HOSTILE, "active": [_queue_item()], "active_head": (HOSTILE,),
-            "finished_head": (HOSTILE,), "finished": [finished, verdict]}
+            "finished_head": (HOSTILE,), "finished": [finished, verdict],
+            "estimate": SimpleNamespace(median_run_seconds=60.0, runs=3, parallel=2)}
 
 
 def _auditor() -> dict[str, object]:
