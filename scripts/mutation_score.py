@@ -63,6 +63,10 @@ SETS = {
          "worker/acceptance.py", "worker/quant/imatrix.py"),
         ("tests/unit/test_derived_tensors.py", "tests/unit/test_inventory_derivations.py",
          "tests/unit/test_reproduction_outcomes.py", "tests/unit/test_imatrix_files.py")),
+    "signatures": MutationSet(
+        ("worker",),
+        ("worker/oms.py", "worker/signature_check.py"),
+        ("tests/unit/test_oms.py", "tests/unit/test_signature_check.py")),
     "grid": MutationSet(
         ("worker",),
         ("worker/quant/grid_bounds.py",),
