@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ SINGLE_FILE = "."  # a signature of one file names it so: paths are relative to 
 # What the library leaves out of a directory's signature unless told otherwise: repository metadata
 # that no model loader reads. A verification does not require a signature to cover these.
 GIT_METADATA = frozenset({".git", ".gitattributes", ".github", ".gitignore"})
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_BUNDLE_BYTES = 16 << 20  # a bundle lists one line per file: a few KB for a model directory
 _HASHES: dict[str, Callable[[], hashes.HashAlgorithm]] = {
     "secp256r1": hashes.SHA256, "secp384r1": hashes.SHA384, "secp521r1": hashes.SHA512}
@@ -55,7 +57,6 @@ class SignedManifest:
     signer: str  # sha256 of the signer's public key (SubjectPublicKeyInfo PEM), as the bundle's hint
     name: str  # the subject's name: the signed file's or directory's base name when it was signed
     files: Mapping[str, str]  # relative POSIX path ("." for a single file) -> sha256 hex
-    ignored: tuple[str, ...]  # what the signer left out (signed, so a verifier cannot widen it)
 
 
 def key_id(key: ec.EllipticCurvePublicKey) -> str:
@@ -89,8 +90,9 @@ def _field(value: Any, key: str, kind: type) -> Any:
     return value[key]
 
 
-def _envelope(bundle: bytes) -> tuple[bytes, bytes, str]:
-    """(payload, signature, key hint) of a bundle, every field checked for its type."""
+def _envelope(bundle: bytes) -> tuple[bytes, bytes]:
+    """(payload, signature) of a bundle, every field checked for its type. The bundle's key hint is not
+    read: every trusted key is tried, so a hint could only save time, never change the answer."""
     if len(bundle) > MAX_BUNDLE_BYTES:
         raise SignatureInvalidError(f"the signature file is over {MAX_BUNDLE_BYTES >> 20} MiB")
     try:
@@ -105,17 +107,16 @@ def _envelope(bundle: bytes) -> tuple[bytes, bytes, str]:
     signatures = _field(envelope, "signatures", list)
     if len(signatures) != 1:
         raise SignatureInvalidError("an OMS signature carries exactly one signature")
-    material = _field(document, "verificationMaterial", dict)
-    hint = material.get("publicKey", {}).get("hint", "") if isinstance(material.get("publicKey"), dict) else ""
     try:
         payload = base64.b64decode(_field(envelope, "payload", str), validate=True)
         signature = base64.b64decode(_field(signatures[0], "sig", str), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise SignatureInvalidError("the signature's payload or signature is not base64") from exc
-    return payload, signature, hint if isinstance(hint, str) else ""
+    return payload, signature
 
 
-def _statement(payload: bytes) -> SignedManifest:
+def _statement(payload: bytes) -> tuple[str, dict[str, str]]:
+    """(the subject's name, the files) of a verified payload, every field checked."""
     try:
         statement = json.loads(payload)
     except (ValueError, RecursionError) as exc:
@@ -131,8 +132,7 @@ def _statement(payload: bytes) -> SignedManifest:
     resources: list[tuple[str, str]] = []
     for resource in _field(predicate, "resources", list):
         name, digest = _field(resource, "name", str), _field(resource, "digest", str)
-        if _field(resource, "algorithm", str) != "sha256" or len(digest) != 64 or any(
-                c not in "0123456789abcdef" for c in digest):
+        if _field(resource, "algorithm", str) != "sha256" or not SHA256_HEX.fullmatch(digest):
             raise SignatureInvalidError(f"{name!r}: not a sha256 digest")
         resources.append((name, digest))
     names = [name for name, _digest in resources]
@@ -140,22 +140,20 @@ def _statement(payload: bytes) -> SignedManifest:
         raise SignatureInvalidError("the signature names a file twice")
     if len(subjects) != 1 or _field(_field(subjects[0], "digest", dict), "sha256", str) != _root_digest(resources):
         raise SignatureInvalidError("the signature's subject digest does not match its files")
-    ignored = serialization_.get("ignore_paths") or []
-    return SignedManifest(signer="", name=_field(subjects[0], "name", str), files=dict(resources),
-                          ignored=tuple(sorted(str(path) for path in ignored)))
+    return _field(subjects[0], "name", str), dict(resources)
 
 
 def read_signature(bundle: bytes, trusted: Sequence[ec.EllipticCurvePublicKey]) -> SignedManifest:
     """The manifest of a signature made by one of the `trusted` keys; SignatureInvalidError otherwise.
     The envelope is verified before its statement is read."""
-    payload, signature, _hint = _envelope(bundle)
+    payload, signature = _envelope(bundle)
     for key in trusted:
         try:
             key.verify(signature, _pae(payload), ec.ECDSA(_HASHES[key.curve.name]()))
         except InvalidSignature:
             continue
-        manifest = _statement(payload)
-        return SignedManifest(signer=key_id(key), name=manifest.name, files=manifest.files, ignored=manifest.ignored)
+        name, files = _statement(payload)
+        return SignedManifest(signer=key_id(key), name=name, files=files)
     raise SignatureInvalidError("the signature does not verify with any trusted key" if trusted
                                 else "no signing key is trusted (the operator configures them)")
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 from worker.blockers import Blocker
 from worker.digests import digest_file
+from worker.formats.artifact_files import uri_name
 from worker.oms import SINGLE_FILE, SignatureInvalidError, SignedManifest, load_public_key, read_signature, uncovered
 from worker.policy import Policy
 from worker.report import FileDigest, SignatureCheck
@@ -48,15 +49,16 @@ def _artifact_files(pieces: Sequence[FileDigest]) -> dict[str, str]:
     """A single-file artifact is signed as "."; a split one as the directory of its shards."""
     if len(pieces) == 1:
         return {SINGLE_FILE: pieces[0].sha256}
-    return {piece.uri.rsplit("/", 1)[-1]: piece.sha256 for piece in pieces}
+    return {uri_name(piece.uri): piece.sha256 for piece in pieces}
 
 
 def _one(given: SignatureInput, read: dict[str, str],
-         trusted: Sequence[str]) -> tuple[FileDigest, SignatureCheck | Blocker]:
+         trusted: Sequence[str]) -> tuple[FileDigest | None, SignatureCheck | Blocker]:
+    """The signature file's digest (None when there is no file) and what checking it found."""
     code = f"{given.of}.signature_invalid"
     if not given.path.is_file():
-        blocker = Blocker(code=code, gate="input", why=f"the {given.of}'s signature {given.uri} is not a readable file")
-        return FileDigest(uri=given.uri, sha256="", size=0), blocker
+        return None, Blocker(code=code, gate="input",
+                             why=f"the {given.of}'s signature {given.uri} is not a readable file")
     digest = digest_file(given.path, given.uri)
     if given.expected_sha256 is not None and given.expected_sha256.lower() != digest.sha256:
         return digest, Blocker(code=code, gate="input", why=f"the {given.of}'s signature has sha256 {digest.sha256}, "
@@ -82,7 +84,7 @@ def check_signatures(signatures: Sequence[SignatureInput], trusted: Sequence[str
     read = {"source": _relative(source_files, source_uri), "artifact": _artifact_files(pieces)}
     for given in signatures:
         digest, result = _one(given, read[given.of], trusted)
-        if digest.sha256:
+        if digest is not None:
             outcome.files.append(digest)
         if isinstance(result, Blocker):
             outcome.blockers.append(result)

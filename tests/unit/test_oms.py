@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from model_signing import hashing, signing, verifying
 
@@ -163,3 +163,132 @@ def test_only_the_library_s_curves_are_keys(tmp_path) -> None:
     k1 = ec.generate_private_key(ec.SECP256K1())
     with pytest.raises(ValueError, match="P-256, P-384 or P-521"):
         oms.sign(k1, "x", {".": "0" * 64})
+
+
+def _rebuilt(bundle: bytes, *, document=None, statement=None, key: ec.EllipticCurvePrivateKey | None = None) -> bytes:
+    """`bundle` with its document or statement changed by the given functions, re-signed by `key` when given
+    (so the change is signed, and only the statement's own checks can refuse it)."""
+    parsed = json.loads(bundle)
+    envelope = parsed["dsseEnvelope"]
+    if statement is not None:
+        payload = json.loads(base64.b64decode(envelope["payload"]))
+        statement(payload)
+        encoded = json.dumps(payload).encode()
+        envelope["payload"] = base64.b64encode(encoded).decode()
+        if key is not None:
+            signature = key.sign(oms._pae(encoded), ec.ECDSA(hashes.SHA256()))
+            envelope["signatures"][0]["sig"] = base64.b64encode(signature).decode()
+    if document is not None:
+        document(parsed)
+    return json.dumps(parsed).encode()
+
+
+SIGNER = ec.generate_private_key(ec.SECP256R1())
+SIGNED = oms.sign(SIGNER, "model", {"config.json": "a" * 64, "weights.bin": "b" * 64})
+
+
+def _set(path: tuple[str, ...], value):
+    def change(target: dict) -> None:
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    (_set(("mediaType",), "application/json"), f"not an OMS signature: media type is not {oms.BUNDLE_MEDIA_TYPE}"),
+    (_set(("dsseEnvelope",), []), "not an OMS signature: no dsseEnvelope (dict)"),
+    (_set(("dsseEnvelope", "payloadType"), "text/plain"), f"not an OMS signature: payload type is not "
+                                                          f"{oms.PAYLOAD_TYPE}"),
+    (_set(("dsseEnvelope", "signatures"), []), "an OMS signature carries exactly one signature"),
+    (lambda d: d["dsseEnvelope"]["signatures"].append({"sig": ""}), "an OMS signature carries exactly one signature"),
+    (_set(("dsseEnvelope", "payload"), "not base64!"), "the signature's payload or signature is not base64"),
+    (_set(("dsseEnvelope", "payload"), "e30=e30="), "the signature's payload or signature is not base64"),
+    (_set(("dsseEnvelope", "signatures", 0, "sig"), "AAAA*"), "the signature's payload or signature is not base64"),
+    (_set(("dsseEnvelope", "signatures", 0, "sig"), 7), "not an OMS signature: no sig (str)"),
+])
+def test_each_malformed_envelope_is_refused_with_its_reason(document, message) -> None:
+    with pytest.raises(oms.SignatureInvalidError) as refused:
+        oms.read_signature(_rebuilt(SIGNED, document=document), [SIGNER.public_key()])
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(("statement", "message"), [
+    (_set(("_type",), "https://in-toto.io/Statement/v0.1"), f"the signed statement is not an in-toto statement of "
+                                                              f"{oms.PREDICATE_TYPE}"),
+    (_set(("predicateType",), "https://slsa.dev/provenance/v1"), f"the signed statement is not an in-toto statement "
+                                                                 f"of {oms.PREDICATE_TYPE}"),
+    (_set(("predicate", "serialization", "method"), "shards"), "only whole-file sha256 signatures are read (the "
+                                                               "library's default); this one is 'shards'/'sha256'"),
+    (_set(("predicate", "serialization", "hash_type"), "blake3"), "only whole-file sha256 signatures are read (the "
+                                                                  "library's default); this one is 'files'/'blake3'"),
+    (_set(("predicate", "resources", 0, "algorithm"), "blake3"), "'config.json': not a sha256 digest"),
+    (_set(("predicate", "resources", 0, "digest"), "A" * 64), "'config.json': not a sha256 digest"),
+    (_set(("predicate", "resources", 0, "digest"), "a" * 63), "'config.json': not a sha256 digest"),
+    (_set(("predicate", "resources", 0, "digest"), "a" * 63 + "g"), "'config.json': not a sha256 digest"),
+    (_set(("predicate", "resources", 1, "name"), "config.json"), "the signature names a file twice"),
+    (_set(("subject", 0, "digest", "sha256"), "c" * 64), "the signature's subject digest does not match its files"),
+    (lambda s: s["subject"].append(s["subject"][0]), "the signature's subject digest does not match its files"),
+])
+def test_each_signed_but_malformed_statement_is_refused_with_its_reason(statement, message) -> None:
+    with pytest.raises(oms.SignatureInvalidError) as refused:
+        oms.read_signature(_rebuilt(SIGNED, statement=statement, key=SIGNER), [SIGNER.public_key()])
+    assert str(refused.value) == message
+
+
+def test_a_statement_that_is_not_json_is_refused_after_its_signature_verified() -> None:
+    payload = b"not json"
+    signature = SIGNER.sign(oms._pae(payload), ec.ECDSA(hashes.SHA256()))
+    bundle = _rebuilt(SIGNED, document=lambda d: d["dsseEnvelope"].update(
+        payload=base64.b64encode(payload).decode(), signatures=[{"sig": base64.b64encode(signature).decode()}]))
+    with pytest.raises(oms.SignatureInvalidError) as refused:
+        oms.read_signature(bundle, [SIGNER.public_key()])
+    assert str(refused.value) == "the signed statement is not JSON"
+
+
+def test_the_size_limit_is_inclusive_and_every_trusted_key_is_tried() -> None:
+    padded = SIGNED + b" " * (oms.MAX_BUNDLE_BYTES - len(SIGNED))
+    other = ec.generate_private_key(ec.SECP256R1()).public_key()
+    manifest = oms.read_signature(padded, [other, SIGNER.public_key()])
+    assert (manifest.name, manifest.signer) == ("model", oms.key_id(SIGNER.public_key()))
+    assert dict(manifest.files) == {"config.json": "a" * 64, "weights.bin": "b" * 64}
+    with pytest.raises(oms.SignatureInvalidError) as refused:
+        oms.read_signature(padded + b" ", [SIGNER.public_key()])
+    assert str(refused.value) == "the signature file is over 16 MiB"
+    with pytest.raises(oms.SignatureInvalidError) as none:
+        oms.read_signature(SIGNED, [])
+    assert str(none.value) == "no signing key is trusted (the operator configures them)"
+
+
+def test_only_top_level_repository_metadata_is_exempt() -> None:
+    manifest = oms.SignedManifest(signer="", name="m", files={"a": "1" * 64, ".gitattributes": "2" * 64})
+    read = {"a": "1" * 64, ".git/config": "3" * 64, ".github/workflow.yml": "3" * 64, ".gitignore": "3" * 64,
+            ".gitattributes": "4" * 64, "sub/.gitignore": "3" * 64, "gitfoo": "3" * 64}
+    assert oms.uncovered(manifest, read) == [
+        ".gitattributes differs from the signed file (sha256 " + "4" * 64 + ", signed " + "2" * 64 + ")",
+        "gitfoo is not covered by the signature", "sub/.gitignore is not covered by the signature"]
+
+
+def test_what_convgate_signs_is_the_library_s_layout_exactly() -> None:
+    bundle = json.loads(SIGNED)
+    assert bundle["mediaType"] == oms.BUNDLE_MEDIA_TYPE
+    assert bundle["verificationMaterial"] == {"publicKey": {"hint": oms.key_id(SIGNER.public_key())},
+                                              "tlogEntries": []}
+    assert bundle["dsseEnvelope"]["signatures"][0]["keyid"] == ""
+    payload = base64.b64decode(bundle["dsseEnvelope"]["payload"])
+    statement = json.loads(payload)
+    assert payload == json.dumps(statement, separators=(",", ":"), sort_keys=True).encode()  # canonical bytes
+    assert statement["predicate"]["serialization"] == {
+        "method": "files", "hash_type": "sha256", "allow_symlinks": False, "ignore_paths": sorted(oms.GIT_METADATA)}
+    assert [r["name"] for r in statement["predicate"]["resources"]] == ["config.json", "weights.bin"]
+
+
+def test_a_refused_key_says_which_kinds_are_keys() -> None:
+    with pytest.raises(ValueError) as sign_refused:
+        oms.sign(ec.generate_private_key(ec.SECP256K1()), "x", {".": "0" * 64})
+    assert str(sign_refused.value) == "an OMS key is an ECDSA P-256, P-384 or P-521 key"
+    pem = ec.generate_private_key(ec.SECP256K1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    with pytest.raises(ValueError) as load_refused:
+        oms.load_public_key(pem.decode())
+    assert str(load_refused.value) == "an OMS key is an ECDSA P-256, P-384 or P-521 public key (PEM)"

@@ -121,3 +121,17 @@ def test_a_policy_that_requires_a_source_signature_refuses_an_artifact_signature
     assert [b.code for b in outcome.blockers] == ["source.signature_required"]
     assert [c.of for c in outcome.checks] == ["artifact"]
     assert _check([]).blockers == [] and _check([]).checks == []
+
+
+def test_exact_reasons_a_root_with_a_trailing_slash_and_a_named_artifact(tmp_path) -> None:
+    five = [FileDigest(uri=f"{SOURCE_URI}/f{n}", sha256=_sha(bytes([n])), size=1) for n in range(5)]
+    path = _signature(tmp_path, {"other": "0" * 64})
+    outcome = check_signatures([SignatureInput("source", path, "file:///s.sig")], (PUBLIC,), Policy(),
+                               pieces=ARTIFACT, source_files=five, source_uri=SOURCE_URI + "/")
+    assert outcome.blockers[0].why == "the source's signature does not cover what was read: " + "; ".join(
+        f"f{n} is not covered by the signature" for n in range(5))
+    required = _check([], policy=Policy(require_source_signature=True)).blockers
+    assert [b.why for b in required] == ["the policy requires the source's publisher signature, and none was given"]
+    named = _signature(tmp_path, {"m.gguf": ARTIFACT[0].sha256, "n.gguf": _sha(b"n")}, "split.sig")
+    pieces = [*ARTIFACT, FileDigest(uri="https://cdn.example/n.gguf?sig=secret", sha256=_sha(b"n"), size=1)]
+    assert _check([SignatureInput("artifact", named, "file:///split.sig")], pieces=pieces).blockers == []
