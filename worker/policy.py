@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from worker.errors import UsageError
 from worker.quality_budgets import DEFAULT_QUALITY_BUDGETS, QualityBudget
@@ -119,15 +127,19 @@ class Policy(BaseModel):
     def rerank_thresholds(self, classes: Sequence[ComputeClass]) -> RerankThresholds:
         return RerankThresholds(max_score_abs_diff=max(self.rerank[name].max_score_abs_diff for name in classes))
 
-    def sha256(self) -> str:
-        """The hash of the canonical JSON. A field added with a default that changes nothing is left out
-        while it has that default, so every policy that does not use it keeps the hash it had: a stored
-        verdict is still found for an identical submission, and an auditor's pinned hash still matches."""
-        values = json.loads(self.model_dump_json())
+    @model_serializer(mode="wrap")
+    def _without_neutral_additions(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A field added with a default that asks for nothing new is left out while it has that default,
+        so every policy that does not use it serialises, and hashes, as it did: a stored verdict is still
+        found for an identical submission, and an auditor's pinned hash still matches the stored values."""
+        values = handler(self)
         for name, neutral in NEUTRAL_WHEN_ADDED.items():
             if values.get(name) == neutral:
                 del values[name]
-        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
+        return values
+
+    def sha256(self) -> str:
+        canonical = json.dumps(json.loads(self.model_dump_json()), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
