@@ -48,15 +48,14 @@ def _imatrix(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch
     return fetch_artifact(uris.imatrix, request.imatrix_sha256, store, fetch)
 
 
-def _signature(of: str, uri: str | None, expected: str | None, store: ContentStore,
-               fetch: FetchPolicy) -> Path | Blocker | None:
-    """A publisher's signature, fetched like the artifact; one that cannot be had is no evidence: NO-GO."""
-    if uri is None:
-        return None
-    try:
-        return fetch_artifact(uri, expected, store, fetch)
-    except FetchError as exc:
-        return Blocker(code=f"{of}.signature_invalid", gate="input", why=f"the {of}'s signature: {exc.why}")
+def _signature(uri: str | None, expected: str | None, store: ContentStore, fetch: FetchPolicy) -> Path | None:
+    """A publisher's signature, fetched like the artifact."""
+    return None if uri is None else fetch_artifact(uri, expected, store, fetch)
+
+
+def _unfetched_signature(of: str, exc: FetchError) -> Blocker:
+    """A signature that cannot be had is no evidence: NO-GO under the input's own code."""
+    return Blocker(code=f"{of}.signature_invalid", gate="input", why=f"the {of}'s signature: {exc.why}")
 
 
 def _artifact(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch: FetchPolicy,
@@ -87,13 +86,14 @@ def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch:
     except FetchError as exc:
         code = "imatrix.sha256_mismatch" if exc.code == "artifact.sha256_mismatch" else "imatrix.unavailable"
         return unfetched(request, policy, Blocker(code=code, gate="input", why=f"importance matrix: {exc.why}"))
-    source_signature = _signature("source", uris.source_signature, request.source_signature_sha256, store, fetch)
-    artifact_signature = _signature("artifact", uris.artifact_signature, request.artifact_signature_sha256, store,
-                                    fetch)
-    for refused in (source_signature, artifact_signature):
-        if isinstance(refused, Blocker):
-            return unfetched(request, policy, refused)
-    assert not isinstance(source_signature, Blocker) and not isinstance(artifact_signature, Blocker)
+    try:
+        source_signature = _signature(uris.source_signature, request.source_signature_sha256, store, fetch)
+    except FetchError as exc:
+        return unfetched(request, policy, _unfetched_signature("source", exc))
+    try:
+        artifact_signature = _signature(uris.artifact_signature, request.artifact_signature_sha256, store, fetch)
+    except FetchError as exc:
+        return unfetched(request, policy, _unfetched_signature("artifact", exc))
     return LocalInputs(source=source, source_uri=redact_uri(uris.source), artifact=artifact,
                        artifact_uri=redact_uri(uris.artifact), release_files=release,
                        imatrix=imatrix, imatrix_uri=redact_uri(uris.imatrix) if uris.imatrix else None,

@@ -20,6 +20,7 @@ from service.attestations.issue import vsa_for
 from service.attestations.oms import model_signature_for
 from service.attestations.vsa import SummaryUnavailableError
 from service.auth import READ_OWN_OR_ANY
+from worker.formats.artifact_files import uri_name
 
 DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 ENVELOPE = {"schema": {"type": "object", "required": ["payload", "payloadType", "signatures"]}}
@@ -80,7 +81,7 @@ async def read_model_signature(verification_id: VerificationId, request: Request
                                 f"{verification.verdict_result or 'none'}): only a GO artifact is signed")
         access_log.record(session, request, principal, "read_model_signature", verification.id)
         session.commit()
-        name = verification.artifact_uri.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] or "artifact"
+        name = uri_name(verification.artifact_uri) or "artifact"
         return Response(bundle, media_type="application/json",
                         headers={"Content-Disposition": f'attachment; filename="{quote(name)}.sig"'})
     return await run_in_threadpool(sign)

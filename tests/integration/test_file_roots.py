@@ -128,3 +128,19 @@ def test_the_engine_imports_nothing_that_fetches():
             offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in banned
                           or n in banned]
     assert offenders == []
+
+
+@pytest.mark.parametrize("of", ["source", "artifact"])
+def test_a_signature_outside_the_roots_or_absent_is_no_go_under_its_own_code(tmp_path, layout, of):
+    """issue 25: a publisher's signature is fetched like the artifact; one that cannot be had is no evidence."""
+    root, outside = layout
+    (outside / "s.sig").write_text("{}")
+    fetch = FetchPolicy(uris=UriPolicy(allow_file=True, file_roots=(root,)))
+    for uri, why in (((outside / "s.sig").as_uri(), "outside the allowed file roots"),
+                     ((root / "absent.sig").as_uri(), "absent.sig")):
+        uris = InputUris(source=(root / "m").as_uri(), artifact=(root / "m.gguf").as_uri(), **{f"{of}_signature": uri})
+        report = fetch_and_verify(VerifyRequest(gates=frozenset({1})), uris, Policy(), fetch,
+                                  ContentStore(tmp_path / "cache"))
+        assert report.verdict == "NO-GO" and [(b.code, b.gate) for b in report.blockers] == [
+            (f"{of}.signature_invalid", "input")]
+        assert report.blockers[0].why.startswith(f"the {of}'s signature: ") and why in report.blockers[0].why
