@@ -72,10 +72,7 @@ async def read_model_signature(verification_id: VerificationId, request: Request
                                principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Response:
     def sign() -> Response:
         verification = _visible(session, verification_id, principal)
-        try:
-            bundle = model_signature_for(session, settings, verification)
-        except KeyFileError as exc:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"model-signing key: {exc}") from exc
+        bundle = model_signature_for(session, settings, verification)  # KeyFileError: a 503 (api/errors.py)
         if bundle is None:
             raise HTTPException(status.HTTP_409_CONFLICT, f"no GO verdict (state {verification.state}, verdict "
                                 f"{verification.verdict_result or 'none'}): only a GO artifact is signed")
