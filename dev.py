@@ -246,7 +246,8 @@ def test(pytest_args: list[str]) -> int:
 # half is free first: on a warm machine that keeps the halves near equal, on a cold one the main half takes
 # them while the builds still run, instead of both waiting on the builds (docs/development.md#the-suite).
 NEEDS_BUILDS = ("tests/cluster", "tests/deploy")
-SHARED = ("tests/integration/test_trained_models.py", "tests/mutation", "tests/service/test_soak.py",
+SHARED = ("tests/integration/test_trained_models.py", "tests/integration/test_trained_gemma3.py", "tests/mutation",
+          "tests/service/test_soak.py",
           "tests/integration/test_pretokenizer_sweep.py", "tests/integration/test_architectures_decoders.py",
           "tests/integration/test_config_generations.py", "tests/integration/test_architectures_encoders.py",
           "tests/integration/test_benchmark_scripts.py")

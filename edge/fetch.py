@@ -12,12 +12,12 @@ from urllib.parse import urlsplit
 
 from edge.download import FetchPolicy, download
 from edge.errors import FetchError
-from edge.file_roots import OutsideRootsError, check_tree
+from edge.file_roots import OutsideRootsError, check_tree, file_uri_path
 from edge.hub import Hub, fetch_hf_file, fetch_hf_snapshot
 from edge.redact import redact_uri
 from edge.store import ContentStore
-from edge.uri_policy import HF_URI, UriRefusedError
-from worker.formats.artifact_files import split_shard_uris
+from edge.uri_policy import UriRefusedError, hf_parts
+from worker.formats.artifact_files import sibling_uri, split_shard_uris
 from worker.formats.gguf_split import shard_name
 
 
@@ -60,11 +60,20 @@ def fetch_artifact(uri: str, expected: str | None, store: ContentStore, policy: 
             temp.unlink(missing_ok=True)
             raise _mismatch(actual, expected)
         return store.admit(temp, actual)
-    if (match := HF_URI.match(uri)) is not None and match["path"]:
-        return fetch_hf_file(Hub(match["repo"], match["rev"], policy), match["path"], expected, store, progress)
     if scheme == "hf":
-        raise FetchError("artifact.fetch_failed", "an hf:// artifact URI is hf://owner/repo@<40-hex commit>/path")
+        repo, revision, in_repo = _hf(uri)
+        if not in_repo:
+            raise FetchError("artifact.fetch_failed", "an hf:// artifact URI is hf://owner/repo@<40-hex commit>/path")
+        return fetch_hf_file(Hub(repo, revision, policy), in_repo, expected, store, progress)
     raise FetchError("artifact.fetch_failed", f"unsupported URI scheme {scheme!r}")
+
+
+def _hf(uri: str) -> tuple[str, str, str | None]:
+    """`hf_parts`, its refusal a definitive FetchError: checked again here, in the worker, as at submission."""
+    try:
+        return hf_parts(uri)
+    except UriRefusedError as exc:
+        raise FetchError("artifact.fetch_failed", f"refused: {exc}") from exc
 
 
 def fetch_source(uri: str, store: ContentStore, policy: FetchPolicy) -> Path:
@@ -78,10 +87,12 @@ def fetch_source(uri: str, store: ContentStore, policy: FetchPolicy) -> Path:
         except OutsideRootsError as exc:
             raise FetchError("artifact.fetch_failed", f"refused: a source entry leaves the roots: {exc}") from exc
         return path
-    match = HF_URI.match(uri)
-    if match is None or match["path"]:
+    if _scheme(uri) != "hf":
         raise FetchError("artifact.fetch_failed", "a source URI is a directory or hf://owner/repo@<40-hex commit>")
-    return fetch_hf_snapshot(Hub(match["repo"], match["rev"], policy), store)
+    repo, revision, in_repo = _hf(uri)
+    if in_repo:
+        raise FetchError("artifact.fetch_failed", "a source URI is a directory or hf://owner/repo@<40-hex commit>")
+    return fetch_hf_snapshot(Hub(repo, revision, policy), store)
 
 
 def fetch_split_artifact(uri: str, shard_sha256: tuple[str, ...], store: ContentStore, policy: FetchPolicy,
@@ -107,12 +118,50 @@ def fetch_split_artifact(uri: str, shard_sha256: tuple[str, ...], store: Content
     else:
         paths = [fetch_artifact(shard_uri, sha, store, policy, progress)
                  for shard_uri, sha in zip(uris, shard_sha256, strict=True)]
-    key = hashlib.sha256("\n".join((uri, *shard_sha256)).lower().encode()).hexdigest()
-    folder = store.root / "splits" / key
+    return _linked(store, "\n".join((uri, *shard_sha256)), names, paths)
+
+
+def _linked(store: ContentStore, key: str, names: list[str], paths: list[Path]) -> Path:
+    """Links `names` to `paths` in a folder of the store keyed by `key`; the first link. Each link is made
+    under a temporary name and renamed over the old one, so a run reading the folder never sees one missing."""
+    folder = store.root / "splits" / hashlib.sha256(key.lower().encode()).hexdigest()
     folder.mkdir(parents=True, exist_ok=True)
-    for shard, path in zip(names, paths, strict=True):
-        temp = folder / f".{shard}.{os.getpid()}"
+    for linked, path in zip(names, paths, strict=True):
+        temp = folder / f".{linked}.{os.getpid()}"
         temp.unlink(missing_ok=True)
         temp.symlink_to(path)
-        os.replace(temp, folder / shard)  # atomic: a run reading the folder never sees a link missing
+        os.replace(temp, folder / linked)
     return folder / names[0]
+
+
+def named_local_split(uri: str, policy: FetchPolicy, store: ContentStore) -> Path | None:
+    """A local split named by one of its shards and pinned by no digest (the CLI's way: its first shard's
+    path, the others beside it): every shard judged by the roots like any file (FetchError for one outside),
+    reached through links under its published name. None for a URI that names no shard of a split."""
+    if _scheme(uri) not in ("", "file"):
+        return None
+    try:
+        name = shard_name(file_uri_path(uri))
+    except OutsideRootsError as exc:
+        raise FetchError("artifact.fetch_failed", f"refused: {exc}") from exc
+    if name is None or name.count < 2:
+        return None
+    names = [name.sibling(number) for number in range(1, name.count + 1)]
+    paths = [local_file(sibling_uri(uri, shard), policy, must_exist=False) for shard in names]
+    linked = _linked(store, "local\n" + uri, names, paths)
+    return linked.with_name(names[name.number - 1])
+
+
+PLAIN_NAME = "artifact.gguf"
+
+
+def one_file(path: Path, store: ContentStore) -> Path:
+    """`path`, an artifact fetched as one file, as the engine must see it: one file. The engine finds a
+    split's shards beside its first by the first's name, so a file whose name implies a split (its own, or
+    that of the file a symlink led to: `model.gguf -> x-00001-of-00002.gguf`) is handed over through a link
+    with a plain name; its "siblings" are never read, whatever they are and wherever they lead. A split is
+    declared with every shard's digest (`fetch_split_artifact`)."""
+    implied = shard_name(path)
+    if implied is None or implied.count < 2:
+        return path
+    return _linked(store, f"one\n{path}", [PLAIN_NAME], [path])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edge.download import FetchPolicy
 from edge.errors import FetchError
-from edge.fetch import fetch_artifact, fetch_source, fetch_split_artifact, local_file
+from edge.fetch import fetch_artifact, fetch_source, fetch_split_artifact, local_file, named_local_split, one_file
 from edge.redact import redact_uri
 from edge.store import ContentStore
 from worker.blockers import Blocker
@@ -60,13 +60,17 @@ def _unfetched_signature(of: str, exc: FetchError) -> Blocker:
 
 def _artifact(uris: InputUris, request: VerifyRequest, store: ContentStore, fetch: FetchPolicy,
               progress: Progress) -> Path:
-    """The artifact's local path: one file, or a split's first shard with its siblings beside it."""
+    """The artifact's local path: a split's first shard with its siblings beside it when the request declares
+    the split (every shard's digest) or a local URI names one of its shards, else one file whose name implies
+    no shards (`one_file`)."""
     def downloaded(done: int, total: int) -> None:
         progress("download", done, total)
 
     if len(request.shard_sha256) > 1:
         return fetch_split_artifact(uris.artifact, request.shard_sha256, store, fetch, downloaded)
-    return fetch_artifact(uris.artifact, request.expected_sha256, store, fetch, downloaded)
+    if (split := named_local_split(uris.artifact, fetch, store)) is not None:
+        return split
+    return one_file(fetch_artifact(uris.artifact, request.expected_sha256, store, fetch, downloaded), store)
 
 
 def fetch_inputs(request: VerifyRequest, uris: InputUris, policy: Policy, fetch: FetchPolicy,

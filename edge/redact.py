@@ -10,10 +10,13 @@ One parser decides what is secret; two entry points apply it:
 Query and `;param` *values* are all replaced (a presigned URL's signature, credential, token and expiry
 alike) while plain names stay, so a reader still sees what kind of URL it was; userinfo and fragments
 are replaced whole. Delimiters count percent-encoded too (`%3F`, `%3B`, `%40`, `%3D`, `%26`, `%23`, at
-any depth of `%25`), because a client that decodes once would otherwise send the hidden query. In
-`hf://owner/repo@rev/path` the `@` is a revision, not userinfo, and stays readable. When the authority
-is not a plausible host (a password holding `/`, a broken IPv6 literal) everything after the scheme
-is hidden: over-redacting is acceptable, leaking is not. `install_log_redaction` applies `redact` to
+any depth of `%25`), because a client that decodes once would otherwise send the hidden query; but an
+`&` or `;` encoded deeper than the delimiter that began its query or params is a value's character, never
+a separator that would show what follows as a name. In `hf://owner/repo@rev/path` the `@` is a revision,
+not userinfo, and stays readable. When the authority is not a plausible host (a password holding `/`, a
+broken IPv6 literal) or could end in two places (an `@` after a `?` or `#` and before any `/`: a password
+holding `?`, or a path-less URI with an `@` in its query), everything after the scheme is hidden:
+over-redacting is acceptable, leaking is not. `install_log_redaction` applies `redact` to
 every log record the process writes, including third-party loggers (httpx logs each request's URL).
 """
 
@@ -45,10 +48,12 @@ _TRAILING = "'\"<>`),.;:!]}"  # sentence punctuation and quotes after a URL in p
 
 @dataclass(frozen=True)
 class _Token:
-    """A run of text, or one delimiter (`delimiter` is its decoded character, `text` as written)."""
+    """A run of text, or one delimiter (`delimiter` is its decoded character, `text` as written, `depth`
+    how many times it was percent-encoded: 0 for a literal one)."""
 
     text: str
     delimiter: str = ""
+    depth: int = 0
 
 
 def _tokens(text: str) -> list[_Token]:
@@ -58,17 +63,19 @@ def _tokens(text: str) -> list[_Token]:
         if match.start() > position:
             tokens.append(_Token(text[position:match.start()]))
         code = match.group("code")
-        tokens.append(_Token(match.group(0), _DECODED[code.upper()] if code else match.group("char")))
+        if code:
+            tokens.append(_Token(match.group(0), _DECODED[code.upper()], (len(match.group(0)) - 1) // 2))
+        else:
+            tokens.append(_Token(match.group(0), match.group("char")))
         position = match.end()
     if position < len(text):
         tokens.append(_Token(text[position:]))
     return tokens
 
 
-def _find(tokens: list[_Token], delimiters: str, start: int = 0) -> int:
+def _find(tokens: list[_Token], *delimiters: str, start: int = 0) -> int:
     """Index of the first token at or after `start` that is one of `delimiters`; len(tokens) if none."""
-    return next((i for i in range(start, len(tokens)) if tokens[i].delimiter and tokens[i].delimiter in delimiters),
-                len(tokens))
+    return next((i for i in range(start, len(tokens)) if tokens[i].delimiter in delimiters), len(tokens))
 
 
 def _last(tokens: list[_Token], delimiter: str, end: int) -> int:
@@ -80,12 +87,15 @@ def _text(tokens: list[_Token]) -> str:
     return "".join(token.text for token in tokens)
 
 
-def _pairs(tokens: list[_Token]) -> str:
-    """A query or a run of `;params`: each value hidden, each name kept when it looks like a name."""
+def _pairs(tokens: list[_Token], depth: int) -> str:
+    """A query or a run of `;params` begun by a delimiter encoded `depth` times: each value hidden, each
+    name kept when it looks like a name. Only an `&` or `;` encoded no deeper than that first delimiter
+    separates pairs: one encoded deeper is a character of a value (`?a=x%26b%3Dc` is one value, `x&b=c`),
+    and treating it as a separator would show what follows it as a name."""
     out: list[str] = []
     piece: list[_Token] = []
     for token in [*tokens, _Token("", "&")]:
-        if token.delimiter in ("&", ";"):
+        if token.delimiter in ("&", ";") and token.depth <= depth:
             out.append(_pair(piece) + token.text)
             piece = []
         else:
@@ -106,39 +116,47 @@ def _pair(piece: list[_Token]) -> str:
 def _path(tokens: list[_Token]) -> str:
     """The path as written, each segment's `;params` hidden."""
     out, position = [], 0
-    while position < len(tokens):
-        semicolon = _find(tokens, ";", position)
-        out.append(_text(tokens[position:semicolon]))
-        if semicolon == len(tokens):
-            break
-        end = _find(tokens, "/", semicolon)
-        out.append(tokens[semicolon].text + _pairs(tokens[semicolon + 1:end]))
+    while (semicolon := _find(tokens, ";", start=position)) < len(tokens):
+        end = _find(tokens, "/", start=semicolon)
+        out.append(_text(tokens[position:semicolon]) + tokens[semicolon].text
+                   + _pairs(tokens[semicolon + 1:end], tokens[semicolon].depth))
         position = end
-    return "".join(out)
+    return "".join(out) + _text(tokens[position:])
 
 
 def _userinfo_end(tokens: list[_Token]) -> int:
     """Index of the `@` that ends the userinfo, -1 if none: the last `@` before the first `/` (so a
-    password may hold `?`, `#` or `'`)."""
+    password may hold `'`; one holding `?` or `#` is ambiguous, see `_ambiguous`)."""
     return _last(tokens, "@", _find(tokens, "/"))
 
 
 def _ambiguous(tokens: list[_Token], scheme: str) -> bool:
-    """An `@` after the first `/` and before any query: a password holding `/`, or a path holding an `@`
-    (`;tok=a@b`). No reader can tell which, so the caller hides everything. In hf:// that `@` is the
-    revision and in file:// part of a local path: both are paths, shown."""
+    """Two readings of where the authority ends, so the caller hides everything. An `@` before the first
+    `/` but after a `?` or `#`: a password holding `?` or `#`, or a path-less URI whose query or fragment
+    holds an `@` (`https://h:8443?sig=abc@SECRET`, where the userinfo reading shows `SECRET` as the host).
+    An `@` after the first `/` and before any query: a password holding `/`, or a path holding an `@`
+    (`;tok=a@b`). In hf:// that `@` is the revision and in file:// part of a local path: both are paths,
+    shown."""
     if scheme.lower() in _PATH_AT_SCHEMES:
         return False
-    return _last(tokens, "@", _find(tokens, "?#")) > _find(tokens, "/")
+    query, slash = _find(tokens, "?", "#"), _find(tokens, "/")
+    return _last(tokens, "@", query) > slash or query < _userinfo_end(tokens)
+
+
+def _in_params(tokens: list[_Token], query: int) -> bool:
+    """Whether the `?` at `query` sits inside a segment's `;params`: an encoded one is then a character of
+    a param value, and what follows it up to the fragment is that value's (no name in it may be shown)."""
+    return _last(tokens, ";", query) > _last(tokens, "/", query)
 
 
 def _after_authority(tokens: list[_Token]) -> str:
     """Path, `;params`, query and fragment of what follows the authority (or of a scheme-less text)."""
-    query = _find(tokens, "?#")
+    query = _find(tokens, "?", "#")
     out = _path(tokens[:query])
-    fragment = _find(tokens, "#", query)
+    fragment = _find(tokens, "#")  # the first `#` is the query's delimiter or after it
     if query < fragment:
-        out += tokens[query].text + _pairs(tokens[query + 1:fragment])
+        hidden = HIDDEN if _in_params(tokens, query) else _pairs(tokens[query + 1:fragment], tokens[query].depth)
+        out += tokens[query].text + hidden
     if fragment < len(tokens):
         out += tokens[fragment].text + (HIDDEN if fragment + 1 < len(tokens) else "")
     return out
@@ -147,9 +165,8 @@ def _after_authority(tokens: list[_Token]) -> str:
 def redact_uri(value: str) -> str:
     """`value`, one whole URI, with its userinfo, query values, `;param` values and fragment hidden."""
     scheme_match = _SCHEME.match(value)
-    scheme = scheme_match.group(0)[:-1] if scheme_match else ""
     head = scheme_match.group(0) if scheme_match else ""
-    rest = value[len(head):]
+    scheme, rest = head[:-1], value[len(head):]
     hierarchical = rest.startswith("//")
     if hierarchical:
         head, rest = head + "//", rest[2:]
@@ -161,7 +178,7 @@ def redact_uri(value: str) -> str:
     tokens = tokens[at + 1:]
     if not hierarchical:  # no authority (mailto:, file:relative, a bare path): the rest is a path
         return head + userinfo + _after_authority(tokens)
-    host_end = _find(tokens, "/?#;")
+    host_end = _find(tokens, "/", "?", "#", ";")
     if not _HOST_PORT.fullmatch(_text(tokens[:host_end])) or any(t.delimiter for t in tokens[:host_end]):
         return head + HIDDEN
     return head + userinfo + _text(tokens[:host_end]) + _after_authority(tokens[host_end:])
@@ -172,7 +189,8 @@ def _url_end(candidate: str) -> int:
     a `]` kept when it closes an IPv6 literal."""
     end = len(candidate)
     while end and candidate[end - 1] in _TRAILING:
-        if candidate[end - 1] == "]" and candidate.count("[", 0, end) >= candidate.count("]", 0, end):
+        url = candidate[:end]
+        if url[-1] == "]" and url.count("[") >= url.count("]"):
             break
         end -= 1
     return end

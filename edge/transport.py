@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 import httpcore
 import httpx
 
+from edge.deadline import DeadlineStream, remaining
 from edge.uri_policy import UriPolicy, normal_host
 
 # httpcore's errors as httpx's, most specific first: one table, tested to leave none unmapped
@@ -48,7 +49,9 @@ def _mapped_errors() -> Iterator[None]:
 
 
 class CheckedBackend(httpcore.SyncBackend):
-    """Opens TCP connections only to addresses the policy admitted for the host, resolved once."""
+    """Opens TCP connections only to addresses the policy admitted for the host, resolved once; each
+    connection, and every operation on it, keeps to the caller's total deadline if it set one
+    (`edge.deadline`)."""
 
     def __init__(self, policy: UriPolicy) -> None:
         self.policy = policy
@@ -58,7 +61,9 @@ class CheckedBackend(httpcore.SyncBackend):
         error: httpcore.ConnectError | None = None
         for address in self.policy.addresses(normal_host(host)):
             try:
-                return super().connect_tcp(str(address), port, timeout, local_address, socket_options)
+                return DeadlineStream(super().connect_tcp(str(address), port,
+                                                          remaining(timeout, httpcore.ConnectTimeout),
+                                                          local_address, socket_options))
             except httpcore.ConnectError as exc:  # try the next checked address, as getaddrinfo callers do
                 error = exc
         assert error is not None  # addresses() never returns an empty list

@@ -1,7 +1,8 @@
 """Which URIs may be fetched: the one policy, applied at submission and by the transport on every
 request and redirect hop. `https://` only (plus the operator's own hub endpoint), hosts compared
 case-insensitively without a trailing dot, cloud metadata hosts always refused, addresses public
-after unwrapping IPv4-in-IPv6 (`edge.addresses`); `hf://` must pin a commit; `file://` only inside
+after unwrapping IPv4-in-IPv6 (`edge.addresses`); `hf://` must pin a commit and hold no dot segment
+(`hf_parts`); `file://` only inside
 the configured roots (`edge.file_roots`). A URI holding a NUL byte (raw or `%00`), a lone surrogate,
 a control character or whitespace is refused before it is parsed. Every refusal is a UriRefusedError,
 whatever the input (the service turns it into a 422); messages never quote a URI's secrets."""
@@ -14,7 +15,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from edge.addresses import IPAddress, refusal
 from edge.file_roots import OutsideRootsError, file_uri_path, inside
@@ -32,6 +33,30 @@ class UriRefusedError(ConvgateError, ValueError):
     """The URI is outside the configured policy (a definitive answer: never retried)."""
 
     code = "uri.refused"
+
+
+def _dot_segment(segment: str) -> bool:
+    """`.` or `..`, as written or percent-encoded at any depth (`%2e%2e`, `.%2E`, `%252e.`)."""
+    while segment not in (".", ".."):
+        decoded = unquote(segment)  # one level; each decoding that changes the text shortens it
+        if decoded == segment:
+            return False
+        segment = decoded
+    return True
+
+
+def hf_parts(uri: str) -> tuple[str, str, str | None]:
+    """(repository, commit, path or None) of an `hf://owner/repo@<commit>[/path]` URI, else UriRefusedError.
+    No segment of the repository or the path may be `.` or `..`, raw or percent-encoded: the hub's URL is
+    built from them, and once normalised `../../evil/repo/resolve/main/x` leaves the pinned repository and
+    commit for another repository's mutable branch."""
+    match = HF_URI.match(uri)
+    if match is None:
+        raise UriRefusedError("hf:// URIs must pin a 40-hex commit: hf://owner/repo@<commit>[/path]")
+    segments = match["repo"].split("/") + (match["path"].split("/") if match["path"] else [])
+    if any(_dot_segment(segment) for segment in segments):
+        raise UriRefusedError("hf:// URIs may not hold a dot segment ('.' or '..', raw or percent-encoded)")
+    return match["repo"], match["rev"], match["path"]
 
 
 def split(uri: str) -> SplitResult:
@@ -79,8 +104,7 @@ class UriPolicy:
         if scheme == "file":
             self.local_path(uri, must_exist=False)
         elif scheme == "hf":
-            match = HF_URI.match(uri)
-            if match is None or (directory and match["path"]):
+            if hf_parts(uri)[2] and directory:
                 raise UriRefusedError("hf:// URIs must pin a 40-hex commit: hf://owner/repo@<commit>[/path]")
         elif scheme != "https" or directory:
             raise UriRefusedError(f"scheme {scheme or '(none)'!r} is not allowed here")
@@ -106,7 +130,7 @@ class UriPolicy:
         """The normalised host of an `https://` URL (or of one of `allowed_origins`) the policy admits."""
         parts = split(url)
         host = normal_host(parts.hostname or "")
-        origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}".lower()
+        origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}".lower()
         if parts.scheme != "https" and origin not in allowed_origins:
             raise UriRefusedError(f"refusing {parts.scheme!r} URL {redact_uri(url)} (only https)")
         if not host:

@@ -26,15 +26,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
+from process_tree import Sampler  # noqa: E402
+
 TEXTS = REPO / "examples" / "english.txt"
 LLAMA2_7B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008, "num_attention_heads": 32,
              "num_key_value_heads": 32, "head_dim": 128}
@@ -98,47 +97,6 @@ def build_source(target: Path, template: Path, shapes: dict[str, int]) -> int:
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
         tmp.rename(target)
     return sum(math.prod(shape) for shape in every.values())
-
-
-class Sampler:
-    """Peaks of a process tree's VmRSS and RssAnon, and its storage reads over time, every 50 ms."""
-
-    def __init__(self, root: int) -> None:
-        self.root = psutil.Process(root)
-        self.rss = self.anon = 0
-        self.read: dict[int, int] = {}  # pid -> its last read_bytes
-        self.timeline: list[tuple[float, int]] = []
-        self.done = threading.Event()
-        self.started = time.perf_counter()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.done.wait(0.05):
-            try:
-                tree = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            rss = anon = 0
-            for process in tree:
-                try:
-                    with open(f"/proc/{process.pid}/status") as status:
-                        fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS", "RssAnon")))
-                    self.read[process.pid] = process.io_counters().read_bytes
-                except (OSError, psutil.Error):
-                    continue
-                rss += int(fields.get("VmRSS", "0 kB").split()[0])
-                anon += int(fields.get("RssAnon", "0 kB").split()[0])
-            self.rss, self.anon = max(self.rss, rss), max(self.anon, anon)
-            self.timeline.append((time.perf_counter() - self.started, sum(self.read.values())))
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join()
-
-    def read_by(self, seconds: float) -> int:
-        """Bytes read by the tree in its first `seconds`."""
-        return max((read for at, read in self.timeline if at <= seconds), default=0)
 
 
 def drop_page_cache() -> bool:
@@ -205,6 +163,9 @@ def report(params: int, source_gb: float, made: dict[str, float], runs: list[dic
               f"{g['runtime']['read_gb']:>9.1f}")
     print("(read GB: bytes the verification's process tree read from storage, page cache dropped first: "
           f"{all(run['cache_dropped'] for run in runs)}; g2 read: during gate 2, by the report's timings)")
+    for run in runs:  # random weights: a NO-GO's blockers say whether correctness or a trained-model budget spoke
+        if run["blockers"]:
+            print(f"  {run['artifact']} blockers: {', '.join(sorted(set(run['blockers'])))}")
     conversion = {"F16": made["convert F16"], "Q4_K_M": made["convert F16"] + made["quantize Q4_K_M"]}
     conversion["split"] = conversion["Q4_K_M"] + made.get("split Q4_K_M", 0.0)
     print("\nverification wall / making the file:")

@@ -11,8 +11,10 @@ ASGI app that only writes and reads the same rows, durably) in the same run, on 
 3. The auditor query GET /v1/verifications?artifact_sha256=... over --verdicts stored verdicts (a random
    digest per request), its access-log row committed before the answer, as the floor's is.
 
-Printed per endpoint: requests/s, p50 and p99 latency, errors, the server process's CPU per request; then
-convgate / floor for each. Usage: python scripts/bench_api.py [--seconds 15] [--connections 16]
+Both servers run side by side and are measured in turn, in rounds (the machine's other jobs come and go).
+Printed per endpoint: requests/s, p50 and p99 latency, errors, the server's CPU per request (its processes
+together); then convgate / floor for each, per round. Usage: python scripts/bench_api.py [--seconds 10]
+[--rounds 3] [--connections 16] [--workers N]
 """
 
 from __future__ import annotations
@@ -78,10 +80,20 @@ def lua_string(value: str) -> str:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process `pid` so far (Linux /proc)."""
+    """User + system CPU of process `pid` and its children so far (Linux /proc): with --workers, the API's
+    processes are the server's children."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used + sum(cpu_seconds(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listed:
+            return [int(child) for child in listed.read().split()]
+    except OSError:
+        return []
 
 
 def wrk(pid: int, url: str, path: str, script: str, seconds: float, connections: int) -> Load:
@@ -152,58 +164,94 @@ def scripts(authorization: str, run: str, shas: list[str]) -> dict[str, tuple[st
             "auditor query": ("/v1/verifications", common + table + AUDIT)}
 
 
-def measure(pid: int, url: str, authorization: str, run: str, shas: list[str], seconds: float,
-            connections: int) -> dict[str, Load]:
-    """Each endpoint warmed up with its own load first (its connections opened, its statements compiled and
-    prepared: the floor opens its connections at start-up), then measured."""
-    chosen = scripts(authorization, run, shas)
-    loads = {}
-    for label, (path, lua) in chosen.items():
-        wrk(pid, url, path, lua.replace(f'RUN = {lua_string(run)}', f'RUN = {lua_string(run + "w")}'),
-            min(seconds, 3), connections)
-        loads[label] = wrk(pid, url, path, lua, seconds, connections)
+@dataclass(frozen=True)
+class Side:
+    """One server under test: its process (the CPU is counted there and in its children), URL and token."""
+
+    pid: int
+    url: str
+    authorization: str
+    run: str
+
+
+def measure(sides: dict[str, Side], shas: list[str], seconds: float, connections: int,
+            rounds: int) -> dict[str, dict[str, list[Load]]]:
+    """Per endpoint, each side warmed up with its own load first (its connections opened, its statements
+    compiled and prepared: the floor opens its connections at start-up), then `rounds` rounds in which each
+    side is measured in turn. On a machine shared with other jobs the load changes by the minute: a ratio of
+    two runs minutes apart measured the neighbours as much as the servers, one of two runs seconds apart
+    much less."""
+    chosen = {name: scripts(side.authorization, side.run, shas) for name, side in sides.items()}
+    loads: dict[str, dict[str, list[Load]]] = {}
+    for label in chosen[next(iter(sides))]:
+        loads[label] = {name: [] for name in sides}
+        for name, side in sides.items():
+            path, lua = chosen[name][label]
+            wrk(side.pid, side.url, path, lua.replace(f"RUN = {lua_string(side.run)}",
+                                                      f"RUN = {lua_string(side.run + 'w')}"),
+                min(seconds, 3), connections)
+        for round_number in range(rounds):
+            for name, side in sides.items():
+                path, lua = chosen[name][label]
+                tag = f"{side.run}{round_number}"
+                tagged = lua.replace(f"RUN = {lua_string(side.run)}", f"RUN = {lua_string(tag)}")
+                loads[label][name].append(wrk(side.pid, side.url, path, tagged, seconds, connections))
     return loads
 
 
-def report(convgate: dict[str, Load], floor: dict[str, Load], connections: int, seconds: float,
-           verdicts: int) -> None:
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def report(loads: dict[str, dict[str, list[Load]]], connections: int, seconds: float, verdicts: int,
+           workers: int, rounds: int) -> None:
     print(f"API benchmark, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}; wrk, 1 thread, {connections} connections, {seconds:g} s per endpoint; "
-          f"Postgres; auditor query over {verdicts:,} verdicts")
-    print(f"{'endpoint':<26}{'server':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}{'CPU ms/req':>12}")
-    for label in convgate:
-        for name, loads in (("convgate", convgate), ("floor", floor)):
-            load = loads[label]
-            print(f"{label:<26}{name:>9}{load.rate:>9.0f}{load.p50_ms:>9.1f}{load.p99_ms:>9.1f}{load.errors:>8}"
-                  f"{load.server_cpu_ms:>12.2f}")
-    print("\nconvgate / floor:")
-    for label, ours in convgate.items():
-        theirs = floor[label]
-        print(f"  {label:<24} throughput {ours.rate / theirs.rate:.2f}x, p99 {ours.p99_ms / theirs.p99_ms:.2f}x, "
-              f"server CPU per request {ours.server_cpu_ms / theirs.server_cpu_ms:.2f}x")
-    print("(targets: submissions at 0.5x the floor's throughput or better with p99 at 2x or better; the auditor "
-          "query's p99 at 1.5x the floor's or better. The floor, scripts/api_floor.py, writes and reads the same "
-          "rows durably and does nothing else: no implementation that keeps them durable can beat it)")
+          f"{os.getloadavg()[0]:.1f}; wrk, 1 thread, {connections} connections, {rounds} rounds of {seconds:g} s per "
+          f"endpoint and server, taken in turn; Postgres; auditor query over {verdicts:,} verdicts; convgate with "
+          f"{workers} API process(es)")
+    print(f"{'endpoint':<26}{'server':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}{'CPU ms/req':>12}"
+          "   (the median of the rounds; errors summed)")
+    for label, sides in loads.items():
+        for name, runs in sides.items():
+            print(f"{label:<26}{name:>9}{median([r.rate for r in runs]):>9.0f}{median([r.p50_ms for r in runs]):>9.1f}"
+                  f"{median([r.p99_ms for r in runs]):>9.1f}{sum(r.errors for r in runs):>8}"
+                  f"{median([r.server_cpu_ms for r in runs]):>12.2f}")
+    print("\nconvgate / floor (the median of the rounds' ratios):")
+    for label, sides in loads.items():
+        pairs = list(zip(sides["convgate"], sides["floor"], strict=True))
+        rates = [ours.rate / theirs.rate for ours, theirs in pairs]
+        p99s = [ours.p99_ms / theirs.p99_ms for ours, theirs in pairs]
+        cpus = [ours.server_cpu_ms / theirs.server_cpu_ms for ours, theirs in pairs]
+        print(f"  {label:<24} throughput {median(rates):.2f}x, p99 {median(p99s):.2f}x, server CPU per request "
+              f"{median(cpus):.2f}x (rounds: throughput {' '.join(f'{r:.2f}' for r in rates)}; "
+              f"p99 {' '.join(f'{r:.2f}' for r in p99s)})")
+    print("(targets: submissions at 0.5x the floor's throughput or better; the auditor query's p99 at 2x the "
+          "floor's or better. The floor, scripts/api_floor.py, writes and reads the same rows durably and does "
+          "nothing else: no implementation that keeps them durable can beat it)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--verdicts", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=1, help="convgate's API processes (convgate serve --workers)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("bench_api.py needs wrk (Debian: apt-get install wrk; dev.py test installs it)")
     run = uuid.uuid4().hex[:8]  # Idempotency-Keys unique to this run (wrk is one thread: a counter does the rest)
-    with served("admin") as server:
+    with served("admin", *(("--workers", str(args.workers)) if args.workers != 1 else ())) as server:
         started = time.perf_counter()
         shas = seed_verdicts(server.dsn, args.verdicts)
         print(f"seeded {args.verdicts:,} verdicts in {time.perf_counter() - started:.1f} s", flush=True)
-        convgate = measure(server.pid, server.url, f"Bearer {server.token}", f"c{run}", shas, args.seconds,
-                           args.connections)
         with floor_server(server.dsn) as (floor_pid, floor_url):
-            floor = measure(floor_pid, floor_url, "", f"f{run}", shas, args.seconds, args.connections)
-    report(convgate, floor, args.connections, args.seconds, args.verdicts)
+            sides = {"convgate": Side(server.pid, server.url, f"Bearer {server.token}", f"c{run}"),
+                     "floor": Side(floor_pid, floor_url, "", f"f{run}")}
+            loads = measure(sides, shas, args.seconds, args.connections, args.rounds)
+    report(loads, args.connections, args.seconds, args.verdicts, args.workers, args.rounds)
 
 
 if __name__ == "__main__":

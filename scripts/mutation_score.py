@@ -37,6 +37,10 @@ class MutationSet:
     source_paths: tuple[str, ...]
     modules: tuple[str, ...]
     tests: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # what the set's tests need beyond the defaults (main's env)
+    # a test running longer fails (pytest-timeout): a mutant that loops forever is killed by the first test
+    # it hangs, rather than left to mutmut's CPU limit (minutes, scored as a timeout, not a kill)
+    test_timeout_s: int | None = None
 
 
 SETS = {
@@ -77,6 +81,17 @@ SETS = {
         ("tests/unit/test_resources.py", "tests/unit/test_sampling.py", "tests/service/test_local_threads.py",
          "tests/service/test_gate1_shards.py", "tests/integration/test_shards.py",
          "tests/integration/test_sampled_reproduction.py")),
+    "fences": MutationSet(  # the URI fences of the last two rounds (issues 22 and 34)
+        ("edge", "service"),
+        ("edge/redact.py", "edge/uri_policy.py", "service/persistence/reuse.py"),
+        ("tests/unit/test_redact_uri.py", "tests/unit/test_redact_properties.py",
+         "tests/unit/test_redact_entry_points.py", "tests/service/test_uri_policy.py", "tests/service/test_reuse.py"),
+        # the redaction property draws 10^5 URIs in the suite; a few thousand still find a broken rule
+        (("CONVGATE_REDACT_URIS", "3000"),), test_timeout_s=120),
+    "callbacks": MutationSet(  # completion callbacks: what is sent, when, to whom, within what deadline
+        ("edge", "service"),
+        ("service/callbacks.py", "service/callbacks_loop.py", "service/persistence/callbacks.py", "edge/deadline.py"),
+        ("tests/unit/test_deadline.py", "tests/service/test_callbacks.py", "tests/service/test_callback_fairness.py")),
     "scale-gates": MutationSet(  # integration tests only: hours on 2 cores
         ("worker",),
         ("worker/gates/value_checks.py", "worker/gates/storage_parts.py", "worker/runtime/streamed_model.py"),
@@ -103,6 +118,7 @@ def _toml_list(values: tuple[str, ...]) -> str:
 def prepare(name: str, chosen: MutationSet, workdir: Path) -> Path:
     """A copy of the repository whose [tool.mutmut] names this set (the copy is reused on --no-run)."""
     tree = workdir / f"convgate-mutation-{name}"
+    timeout = () if chosen.test_timeout_s is None else (f"--timeout={chosen.test_timeout_s}",)
     if tree.exists():
         shutil.rmtree(tree)
     shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
@@ -115,7 +131,7 @@ def prepare(name: str, chosen: MutationSet, workdir: Path) -> Path:
         f"only_mutate = {_toml_list(chosen.modules)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(chosen.tests)}\n"
         'also_copy = ["tests", "service", "scripts", "worker", "edge", "migrations", "alembic.ini", "fuzz"]\n'
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+        f'pytest_add_cli_args = {_toml_list(("-p", "no:cacheprovider", "-q", "-x", *timeout))}\n'
     )
     pyproject.write_text(head + section, encoding="utf-8")
     return tree
@@ -126,6 +142,7 @@ def run_set(name: str, args: argparse.Namespace) -> bool:
     mutmut = Path(sys.executable).parent / "mutmut"
     env = dict(os.environ, CONVGATE_FIXTURES=os.environ.get("CONVGATE_FIXTURES", str(ROOT / ".fixtures")),
                CONVGATE_PROPERTY_EXAMPLES=os.environ.get("CONVGATE_PROPERTY_EXAMPLES", "5"))
+    env.update(SETS[name].env)
     tree = args.workdir / f"convgate-mutation-{name}"
     if not args.no_run:
         tree = prepare(name, SETS[name], args.workdir)

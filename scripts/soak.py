@@ -9,9 +9,16 @@ their own verifications, auditors paging and exporting, and a flood of bogus sig
 database refuses connections for a few seconds (Postgres: the database closed to new connections and
 its sessions ended; SQLite: another process holds an exclusive lock). A prober times /healthz all along.
 
-It asserts that /healthz p99 stays under 1 s, that no response is a 5xx other than a declared 503, and
-that, once submissions stop and the queue drains, every verification ended with exactly one verdict or a
-recorded failure. Usage:
+Four times during the run (never while the database refuses), 200 concurrent clients fire a mix over every
+read and write route with 56 more event streams open (`soak_mix.burst`). One submitter's verifications
+call back to a tarpit that trickles one byte every few seconds and never finishes, another's to a prompt
+receiver (`soak_mix.Receivers`).
+
+It asserts that /healthz p99 stays under 1 s, that no response is a 5xx other than a declared 503, that no
+burst saw a 503 (the database was healthy) or a p99 over 15 s or had a stream refused or cut, that the prompt
+receiver's callbacks were not held up by the tarpit (90% within 15 s of their verification's end, and every
+one delivered), and that, once submissions stop and the queue drains, every verification ended with
+exactly one verdict or a recorded failure. Usage:
 
     python scripts/soak.py --database sqlite --minutes 10
     python scripts/soak.py --database postgres --minutes 10   # CONVGATE_TEST_PG: an admin DSN
@@ -37,6 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from soak_mix import (
+    BURSTS_AT,
+    STREAMERS,
+    Burst,
+    Receivers,
+    burst,
+    check_bursts,
+    check_callbacks,
+    percentile,
+    summary,
+    wait_for_callbacks,
+)
 from throwaway_server import ADMIN, drop_database, free_port, wait_ready
 
 HEALTH_P99_LIMIT = 1.0
@@ -51,6 +70,8 @@ class Tally:
     health: list[float] = field(default_factory=list)
     submitted: list[str] = field(default_factory=list)
     transport_errors: Counter[str] = field(default_factory=Counter)
+    bursts: list[Burst] = field(default_factory=list)
+    prompt_callbacks: list[str] = field(default_factory=list)  # verifications whose callback goes to the prompt one
 
     def saw(self, who: str, response: httpx.Response) -> None:
         self.statuses[(who, response.status_code)] += 1
@@ -129,14 +150,18 @@ def make_token(env: dict[str, str], name: str, role: str) -> str:
 
 
 @contextmanager
-def deployment(database_url: str, files: Path, logs: Path):
+def deployment(database_url: str, files: Path, logs: Path, receivers: Receivers):
     env = dict(os.environ, CONVGATE_DATABASE_URL=database_url, CONVGATE_DISPATCHER="none",
                CONVGATE_FILE_ROOTS=json.dumps([str(files)]), CONVGATE_CACHE_DIR=str(logs / "cache"),
                CONVGATE_LEASE_SECONDS="6", CONVGATE_POLL_SECONDS="0.5", CONVGATE_MAX_ATTEMPTS="4",
-               CONVGATE_CONCURRENCY="1", CONVGATE_THREADS="1")
+               CONVGATE_CONCURRENCY="1", CONVGATE_THREADS="1", CONVGATE_METRICS_PUBLIC="false",
+               CONVGATE_CALLBACK_HTTP_ORIGINS=json.dumps([receivers.prompt_origin, receivers.tarpit_origin]),
+               CONVGATE_ALLOW_PRIVATE_ADDRESSES="true")  # the receivers are on loopback
     subprocess.check_call([convgate(), "db", "upgrade"], env=env, stdout=subprocess.DEVNULL)
     tokens = {f"submitter-{i}": make_token(env, f"submitter-{i}", "submitter") for i in range(3)}
-    tokens["auditor"] = make_token(env, "auditor", "auditor")
+    tokens |= {name: make_token(env, name, role) for name, role in (
+        ("auditor", "auditor"), ("operator", "operator"), ("burst", "submitter"),
+        *((f"streamer-{i}", "auditor") for i in range(STREAMERS)))}  # auditors: they may stream any verification
     port = free_port()
     api = subprocess.Popen([convgate(), "serve", "--port", str(port), "--no-migrate"], env=env,
                            stdout=(logs / "api.log").open("wb"), stderr=subprocess.STDOUT)
@@ -165,16 +190,20 @@ async def request(client: httpx.AsyncClient, tally: Tally, who: str, method: str
 
 
 async def submitter(client: httpx.AsyncClient, tally: Tally, token: str, files: Path, until: float,
-                    real_sha: str | None) -> None:
+                    real_sha: str | None, callback_url: str | None) -> None:
     headers = {"Authorization": f"Bearer {token}"}
+    if callback_url is not None:
+        (await client.post("/v1/callback-secret", headers=headers)).raise_for_status()
     while time.monotonic() < until:
         body = {"source_uri": (files / "source").as_uri(), "artifact_uri": (files / "model.gguf").as_uri(),
                 "artifact_sha256": real_sha if real_sha and random.random() < 0.2 else uuid.uuid4().hex * 2,
-                "gates": [1]}
+                "gates": [1], **({"callback_url": callback_url} if callback_url else {})}
         response = await request(client, tally, "submit", "POST", "/v1/verifications", json=body, headers=headers,
                                  timeout=30)
         if response is not None and response.status_code in (200, 202):
             tally.submitted.append(response.json()["id"])
+            if callback_url is not None and "tarpit" not in callback_url:
+                tally.prompt_callbacks.append(response.json()["id"])
         await asyncio.sleep(random.uniform(2, 6))
 
 
@@ -226,32 +255,49 @@ async def prober(client: httpx.AsyncClient, tally: Tally, until: float) -> None:
         await asyncio.sleep(0.2)
 
 
-async def faults(deployed: Deployment, refuse, seconds: float, until_start: float) -> list[str]:
-    """Dispatcher killed at 1/3 and 2/3 of the run, the database refusing for 4 s at 1/2."""
+async def faults(deployed: Deployment, refuse, seconds: float, until_start: float, quiet: asyncio.Lock) -> list[str]:
+    """Dispatcher killed at 1/3 and 2/3 of the run, the database refusing for 4 s at 1/2, never while a burst
+    runs (`quiet`): a burst asserts no 503 from a healthy database, and on a loaded machine a short run's
+    burst can last until the refusal's time."""
     done = []
     for at, what in ((1 / 3, "restart"), (1 / 2, "refuse"), (2 / 3, "restart")):
         await asyncio.sleep(max(0.0, until_start + at * seconds - time.monotonic()))
         if what == "restart":
             await asyncio.to_thread(deployed.restart_dispatcher)
         else:
-            await asyncio.to_thread(refuse, 4.0)
+            async with quiet:
+                await asyncio.to_thread(refuse, 4.0)
         done.append(f"{what} at {time.monotonic() - until_start:.0f}s")
     return done
 
 
-async def drive(deployed: Deployment, files: Path, seconds: float, refuse, real_sha: str | None) -> tuple[Tally,
-                                                                                                       list[str]]:
+async def bursts(deployed: Deployment, tally: Tally, files: Path, seconds: float, start: float,
+                 quiet: asyncio.Lock) -> None:
+    """The 200-client mix at BURSTS_AT of the run, each while the database is not refusing (`quiet`)."""
+    streamers = [deployed.tokens[f"streamer-{i}"] for i in range(STREAMERS)]
+    for at in BURSTS_AT:
+        await asyncio.sleep(max(0.0, start + at * seconds - time.monotonic()))
+        async with quiet:
+            tally.bursts.append(await burst(deployed.api_url, deployed.tokens, streamers, files, start))
+
+
+async def drive(deployed: Deployment, files: Path, seconds: float, refuse, real_sha: str | None,
+                receivers: Receivers) -> tuple[Tally, list[str]]:
     tally = Tally()
     start = time.monotonic()
     until = start + seconds
     limits = httpx.Limits(max_connections=64)
+    quiet = asyncio.Lock()  # a burst and the database's refusal never overlap
     async with httpx.AsyncClient(base_url=deployed.api_url, timeout=30, limits=limits) as client:
         submitters = [deployed.tokens[f"submitter-{i}"] for i in range(3)]
-        tasks = [*(submitter(client, tally, token, files, until, real_sha) for token in submitters),
+        callbacks = [f"{receivers.tarpit_origin}/tarpit", f"{receivers.prompt_origin}/hook", None]
+        tasks = [*(submitter(client, tally, token, files, until, real_sha, callback)
+                   for token, callback in zip(submitters, callbacks, strict=True)),
+                 bursts(deployed, tally, files, seconds, start, quiet),
                  *(watcher(deployed.api_url, tally, submitters[i % 3], until) for i in range(6)),
                  auditor(client, tally, deployed.tokens["auditor"], until), bogus_logins(client, tally, until),
                  prober(client, tally, until + 5)]
-        fault_task = asyncio.create_task(faults(deployed, refuse, seconds, start))
+        fault_task = asyncio.create_task(faults(deployed, refuse, seconds, start, quiet))
         await asyncio.gather(*tasks)
         return tally, await fault_task
 
@@ -288,11 +334,6 @@ def verdict_counts(database_url: str, ids: list[str]) -> Counter[str]:
     return counts
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def files_to_verify(root: Path, source: Path | None, artifact: Path | None) -> str | None:
     """A source directory and an artifact under `root` (the server's file root); the artifact's sha256
     when it is a real GGUF worth a whole gate-1 run, else None (every submission's digest is wrong)."""
@@ -309,7 +350,8 @@ def files_to_verify(root: Path, source: Path | None, artifact: Path | None) -> s
     return None
 
 
-def check(tally: Tally, final: dict[str, dict], counts: Counter[str], faults_done: list[str]) -> list[str]:
+def check(tally: Tally, final: dict[str, dict], counts: Counter[str], faults_done: list[str],
+          receivers: Receivers) -> list[str]:
     problems = []
     p99 = percentile(tally.health, 0.99)
     if not p99 < HEALTH_P99_LIMIT:
@@ -326,6 +368,8 @@ def check(tally: Tally, final: dict[str, dict], counts: Counter[str], faults_don
             problems.append(f"{verification_id} {row['state']} with {verdicts} verdicts, reason {row.get('reason')!r}")
     if len(faults_done) != 3:
         problems.append(f"faults not all applied: {faults_done}")
+    problems += check_bursts(tally.bursts)
+    problems += check_callbacks(tally.prompt_callbacks, final, receivers)
     return problems
 
 
@@ -343,13 +387,16 @@ def main() -> int:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="soak-logs-")))
         real_sha = files_to_verify(files, args.source, args.artifact)
         database_url, refuse = stack.enter_context(database(args.database))
-        deployed = stack.enter_context(deployment(database_url, files, logs))
+        receivers = Receivers()
+        stack.callback(receivers.close)
+        deployed = stack.enter_context(deployment(database_url, files, logs, receivers))
         started = time.monotonic()
-        tally, faults_done = asyncio.run(drive(deployed, files, args.minutes * 60, refuse, real_sha))
+        tally, faults_done = asyncio.run(drive(deployed, files, args.minutes * 60, refuse, real_sha, receivers))
         drained = time.monotonic()
         final, unfinished = drain(deployed, tally.submitted, args.stall_minutes * 60)
+        wait_for_callbacks(tally.prompt_callbacks, receivers, final, args.stall_minutes * 60)
         counts = verdict_counts(database_url, tally.submitted)
-        problems = check(tally, final, counts, faults_done)
+        problems = check(tally, final, counts, faults_done, receivers)
         outcomes = Counter(f"{row['state']} {row.get('verdict') or ''}".strip() for row in final.values())
         print(json.dumps({
             "database": args.database, "minutes": args.minutes, "wall_seconds": round(time.monotonic() - started),
@@ -361,7 +408,7 @@ def main() -> int:
             "verifications": {"submitted": len(tally.submitted), "ended": len(final), "outcomes": dict(outcomes),
                               "drain_seconds": round(time.monotonic() - drained),
                               "unfinished": dict(Counter(unfinished.values()))},
-            "problems": problems}, indent=1))
+            **summary(tally.bursts, receivers), "problems": problems}, indent=1))
         if problems:
             for name in sorted(os.listdir(logs)):
                 if name.endswith(".log"):

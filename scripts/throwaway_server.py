@@ -40,8 +40,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(role: str) -> Iterator[Served]:
-    """A fresh database migrated to head, the server on it and a token of `role`; all gone afterwards."""
+def served(role: str, *serve_args: str) -> Iterator[Served]:
+    """A fresh database migrated to head, the server on it (`convgate serve` with `serve_args` too) and a token
+    of `role`; all gone afterwards."""
     name = f"convgate_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -56,7 +57,7 @@ def served(role: str) -> Iterator[Served]:
             token = subprocess.check_output([convgate, "tokens", "create", f"bench-{role}", "--role", role],
                                             env=env, text=True).strip()
             port = free_port()
-            server = subprocess.Popen([convgate, "serve", "--port", str(port), "--no-migrate"], env=env,
+            server = subprocess.Popen([convgate, "serve", "--port", str(port), "--no-migrate", *serve_args], env=env,
                                       stdout=log, stderr=subprocess.STDOUT)
             url = f"http://127.0.0.1:{port}"
             wait_ready(url)

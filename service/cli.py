@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -22,7 +21,16 @@ from service.attestations.cli import attestation_app, keys_app
 from service.auth import Role, digest, new_secret
 from service.client import ApiError, Client
 from service.config import Settings
-from worker.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_NO_GO, verify_command
+from worker.cli import (
+    EXIT_CANNOT_RUN,
+    EXIT_GO,
+    EXIT_NO_GO,
+    exits_3_on_internal_error,
+    read_json_named,
+    read_lines_named,
+    verify_command,
+)
+from worker.errors import UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Verify model conversions before they ship.")
 app.command("verify")(verify_command)
@@ -151,36 +159,18 @@ def worker_run(verification_id: Annotated[str, typer.Option()],
 
 @app.command("serve")
 def serve(host: str = "127.0.0.1", port: int = 8080,
-          migrate: Annotated[bool, typer.Option(help="migrate the database to head first")] = True) -> None:
+          migrate: Annotated[bool, typer.Option(help="migrate the database to head first")] = True,
+          workers: Annotated[int, typer.Option(min=1, max=64, help="API processes on the one port (above 1, "
+                                               "this process runs only the background loops)")] = 1) -> None:
     """Run the API (and, for the local dispatcher, the worker pool)."""
-    import uvicorn
-
-    from service.api.app import create_app
+    from service.api.serving import serve as run_server
     from service.persistence.migrate import upgrade
 
     _start_logging()  # before the migration, the dispatch loop and the callback loop can log anything
     settings = Settings()
     if migrate:
         upgrade(settings.database_url)
-    served = create_app(settings)
-    _settle_the_collector()
-    # The C HTTP parser and event loop: less server CPU per request than h11 on asyncio's loop
-    # (scripts/bench_api.py). uvicorn's access log is below the warning level anyway: not computed at all.
-    uvicorn.run(served, host=host, port=port, log_level="warning", http="httptools", loop="uvloop",
-                access_log=False)
-
-
-GC_THRESHOLDS = (100_000, 50, 1_000)
-
-
-def _settle_the_collector() -> None:
-    """Everything imported and built so far (FastAPI, SQLAlchemy, pydantic's schemas: hundreds of thousands
-    of objects that live as long as the process) is frozen out of the cyclic collector's sight, and its
-    collections made rarer. Under load each full collection walked that heap: a submission's p99 was
-    3-4x its p50, and 1.5x after this (scripts/bench_api.py). Requests make little cyclic garbage."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    run_server(settings, host=host, port=port, workers=workers)  # uvicorn, deadlines for slow clients
 
 
 def _wait(client: Client, verification_id: str) -> dict:
@@ -198,6 +188,7 @@ def _wait(client: Client, verification_id: str) -> dict:
 
 
 @app.command("submit")
+@exits_3_on_internal_error
 def submit(source: str, artifact: str, sha256: Annotated[str, typer.Option()],
            url: UrlOpt = None, token: TokenOpt = None, kind: str = "auto", policy: Path | None = None,
            texts: Path | None = None, idempotency_key: str | None = None,
@@ -209,10 +200,14 @@ def submit(source: str, artifact: str, sha256: Annotated[str, typer.Option()],
     body: dict = {"source_uri": source, "artifact_uri": artifact, "artifact_sha256": sha256, "kind": kind}
     if imatrix is not None or imatrix_sha256 is not None:
         body |= {"imatrix_uri": imatrix, "imatrix_sha256": imatrix_sha256}  # the API refuses one without the other
-    if policy is not None:
-        body["policy"] = json.loads(policy.read_text())
-    if texts is not None:
-        body["texts"] = [line for line in texts.read_text(encoding="utf-8").splitlines() if line]
+    try:
+        if policy is not None:
+            body["policy"] = read_json_named(policy, "--policy")
+        if texts is not None:
+            body["texts"] = list(read_lines_named(texts, "--texts"))
+    except UsageError as exc:  # exit 2, never 1: the README's NO-GO
+        stderr.print(f"convgate: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_CANNOT_RUN) from exc
     client = Client(url, token)
     try:
         created = client.submit(body, idempotency_key)
@@ -229,6 +224,7 @@ def submit(source: str, artifact: str, sha256: Annotated[str, typer.Option()],
 
 
 @app.command("status")
+@exits_3_on_internal_error
 def status(verification_id: str, url: UrlOpt = None, token: TokenOpt = None) -> None:
     try:
         sys.stdout.write(json.dumps(Client(url, token).get(verification_id), indent=2) + "\n")
@@ -238,6 +234,7 @@ def status(verification_id: str, url: UrlOpt = None, token: TokenOpt = None) -> 
 
 
 @app.command("report")
+@exits_3_on_internal_error
 def report(verification_id: str, url: UrlOpt = None, token: TokenOpt = None,
            output_format: Annotated[str, typer.Option("--format", help="json, markdown or html")] = "markdown") -> None:
     formats = {"json": "application/json", "markdown": "text/markdown", "html": "text/html"}

@@ -62,6 +62,9 @@ class KubernetesSettings(BaseModel):
         3, ge=1, description="a verification whose Job the API server refuses (400/403/422) this often fails")
     deleted_job_grace_seconds: float = Field(
         30.0, ge=0, description="a dispatched verification whose Job never appeared is lost after this long")
+    secret_mirrors: tuple[Path, ...] = Field(
+        (), description="kubeconfigs of MultiKueue worker clusters: each restricted attempt's Secret is created "
+        "there too (MultiKueue copies Jobs, not Secrets; service/dispatch/kube/secret_mirrors.py)")
 
 
 class Settings(BaseSettings):
@@ -79,7 +82,9 @@ class Settings(BaseSettings):
     cache_dir: Path = EMBEDDED_HOME / "cache"
     allow_file_uris: bool = True
     allowed_hosts: tuple[str, ...] | None = None
-    allow_private_addresses: bool = Field(False, description="testing only: let https:// reach loopback/private")
+    allow_private_addresses: bool = Field(
+        False, description="let https:// reach loopback and private addresses on every host (a platform whose "
+        "stores all sit inside its network); trusted_hosts exempts named hosts only")
     trusted_hosts: tuple[str, ...] = Field((), description="hosts exempt from the address checks (internal mirrors)")
     hf_endpoint: str | None = None
     file_roots: tuple[Path, ...] = Field(
@@ -95,13 +100,25 @@ class Settings(BaseSettings):
     max_streams: int = Field(64, ge=1, le=10_000, description="event streams open on this server at once "
                              "(each polls the database); beyond it, 429")
     max_streams_per_principal: int = Field(8, ge=1, le=1000, description="event streams one token may hold open")
+    # the server process (`convgate serve`, service/api/serving.py)
+    api_threads: int = Field(40, ge=2, le=1000, description="pool threads for request units and streams' polls; "
+                             "each holds at most one database connection")
+    header_timeout_seconds: float = Field(10.0, gt=0, description="a request's line and headers must arrive "
+                                          "within this long of its first byte (or of the connection), else 408")
+    body_timeout_seconds: float = Field(30.0, gt=0, description="a request's whole body must arrive within "
+                                        "this long of its headers, else the connection is closed")
+    shutdown_grace_seconds: float = Field(10.0, gt=0, description="on SIGTERM: open event streams end at once, "
+                                          "requests in flight have this long before they are cancelled")
     # completion callbacks (service/callbacks.py): checked by the artifacts' URI policy, https only
     callback_http_origins: tuple[str, ...] = Field(
         (), description="origins (http://host:port) a callback may reach over plain http; anything else is https")
     callback_attempts: int = Field(6, ge=1, le=20, description="delivery attempts before a callback is given up")
     callback_backoff_seconds: float = Field(10.0, ge=0, description="first retry delay; doubles per attempt")
     callback_max_backoff_seconds: float = Field(3600.0, ge=0, description="longest retry delay")
-    callback_timeout_seconds: float = Field(10.0, gt=0, description="one delivery's connect/read timeout")
+    callback_timeout_seconds: float = Field(10.0, gt=0, description="one delivery's total deadline: connecting, "
+                                            "sending, and reading the status and headers together")
+    callback_workers: int = Field(4, ge=1, le=64, description="deliveries sent at once, at most one per receiver "
+                                  "(scheme, host and port): a slow receiver holds one of them")
     signing_key_file: Path | None = Field(
         None, description="Ed25519 private key (PEM) that signs attestations; none: one generated under cache_dir")
     trusted_key_files: tuple[Path, ...] = Field(

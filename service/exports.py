@@ -27,7 +27,7 @@ from service.attestations.issue import vsa_for
 from service.config import Settings
 from service.persistence import exports as export_queries
 from service.persistence.clock import as_utc
-from service.persistence.db import transaction
+from service.persistence.db import read_transaction, transaction
 from service.persistence.models import Verification
 from service.reading import ListFilters, with_verdict
 
@@ -131,8 +131,9 @@ Page = tuple[list[dict[str, Any]], export_queries.Keyset | None]
 
 def _page(factory: sessionmaker[Session], settings: Settings, filters: ListFilters,
           after: export_queries.Keyset | None, limit: int, with_attestation: bool) -> Page:
-    """One page of records and the keyset after it (None: this was the last page)."""
-    with transaction(factory) as session:
+    """One page of records and the keyset after it (None: this was the last page), in a short transaction
+    of its own: a read, unless attestations are signed and stored on the way."""
+    with (transaction if with_attestation else read_transaction)(factory) as session:
         rows = export_queries.verdict_page(session, filters, after=after, limit=limit)
         records = [marker(row.id) if isinstance(row, export_queries.Unreadable) else record_of(row) for row in rows]
         if with_attestation:

@@ -22,6 +22,7 @@ from service.persistence.attempt_contract import AttemptChannel
 from service.persistence.worker_channel import channel_for
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import ConvgateError
+from worker.gates.labelled_retrieval import parse_labelled_set
 from worker.gates.storage_parts import StoragePart
 from worker.policy import Policy
 from worker.report import Report
@@ -94,7 +95,8 @@ class Heartbeat:
         self._thread.join(timeout=10)
 
 
-def _request(stored: dict[str, Any]) -> VerifyRequest:
+def verify_request(stored: dict[str, Any]) -> VerifyRequest:
+    """What a stored submission asks the engine for (the worker reads nothing else of the request)."""
     return VerifyRequest(
         expected_sha256=stored["artifact_sha256"], gates=frozenset(stored.get("gates") or (1, 2, 3)),
         texts=tuple(stored["texts"]) if stored.get("texts") else None, kind=stored.get("kind", "auto"),
@@ -105,6 +107,7 @@ def _request(stored: dict[str, Any]) -> VerifyRequest:
         source_signature_sha256=stored.get("source_signature_sha256"),
         artifact_signature_sha256=stored.get("artifact_signature_sha256"),
         trusted_signers=tuple(stored.get("trusted_signers") or ()),
+        labelled_set=parse_labelled_set(stored["labelled_set"], "submitted") if stored.get("labelled_set") else None,
     )
 
 
@@ -147,10 +150,11 @@ def _run_attempt(settings: Settings, channel: AttemptChannel, shard: int = 0) ->
         with Heartbeat(channel, verification_id, attempt, worker_name, interval=min(settings.lease_seconds / 4, 2.0),
                        lease=settings.lease_seconds) as heart:
             if shards == 1:
-                report, part = fetch_and_verify(_request(stored), input_uris(stored), policy, fetch_policy(settings),
-                                                ContentStore(settings.cache_dir), heart.update), None
+                report, part = fetch_and_verify(verify_request(stored), input_uris(stored), policy,
+                                                fetch_policy(settings), ContentStore(settings.cache_dir),
+                                                heart.update), None
             else:
-                report, part = fetch_and_verify_shard(_request(stored), input_uris(stored), policy,
+                report, part = fetch_and_verify_shard(verify_request(stored), input_uris(stored), policy,
                                                       fetch_policy(settings), ContentStore(settings.cache_dir),
                                                       heart.update, shard, shards)
     except SourceUnavailableError as exc:

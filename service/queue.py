@@ -1,7 +1,7 @@
 """The queue as operators see it: counts by state, the oldest waiting verification and every active
 one with its wait and run times, Kueue status and position, and when each waiting one is expected to
-start (`service/queue_estimate.py`). Read by `GET /v1/queue` and the operator
-page alike."""
+start (`service/queue_estimate.py`), with the estimator's error on a replay of the latest finished runs
+(`service/queue_replay.py`). Read by `GET /v1/queue` and the operator page alike."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from service.lifecycle import State
 from service.persistence import repository, stats
 from service.persistence.clock import as_utc, now
 from service.persistence.models import Verification
-from service.persistence.recent import recent_run_seconds
+from service.persistence.queue_history import history, sizes_of
 from service.queue_estimate import Queued, basis, start_in_seconds
+from service.queue_replay import HISTORY, replayed_error
 from service.schemas import QueueEstimate, QueueItem, QueueOut
 
 
@@ -36,9 +37,15 @@ def snapshot(session: Session, settings: Settings) -> QueueOut:
 
     oldest = repository.oldest_queued(session)
     active = [item(v) for v in repository.active(session)]
-    known = basis(recent_run_seconds(session), sum(1 for a in active if a.state == State.RUNNING), pool)
+    past = history(session)
+    learned = sorted((p for p in past if p.completed and p.finished is not None and p.started is not None),
+                     key=lambda p: p.finished or 0.0)[-HISTORY:]
+    known = basis([(p.finished or 0.0) - (p.started or 0.0) for p in learned],
+                  sum(1 for a in active if a.state == State.RUNNING), pool, sizes=[p.size for p in learned])
+    sizes = sizes_of(session, [a.id for a in active])
     starts = start_in_seconds([Queued(id=a.id, state=a.state, run_seconds=a.run_seconds,
-                                      queue_position=a.queue_position) for a in active], known)
+                                      queue_position=a.queue_position, size=sizes.get(a.id)) for a in active], known)
+    error = replayed_error(tuple(past), pool)
 
     def estimated(queued: QueueItem) -> QueueItem:
         seconds = starts.get(queued.id)
@@ -50,4 +57,7 @@ def snapshot(session: Session, settings: Settings) -> QueueOut:
     return QueueOut(counts=stats.state_counts(session), oldest_waiting=estimated(item(oldest)) if oldest else None,
                     active=[estimated(a) for a in active], dispatcher=dispatcher,
                     estimate=QueueEstimate(runs=known.runs, median_run_seconds=known.median_run_seconds,
-                                           parallel=known.parallel))
+                                           parallel=known.parallel, fixed_seconds=known.fixed_seconds,
+                                           seconds_per_gib=known.seconds_per_gib, replayed_runs=error.runs,
+                                           median_abs_error_seconds=error.median_abs_seconds,
+                                           p90_abs_error_seconds=error.p90_abs_seconds))

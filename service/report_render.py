@@ -10,32 +10,45 @@ or a line of its own; markdown-it then escapes it once more for HTML.
 from __future__ import annotations
 
 import re
-import string
 from typing import Any
 
 POLICY_KEYS = ("token_ids_exact", "require_top1_equal", "reproduce_quantized", "reproduce_sample", "tie_ulps")
-# CommonMark shows a backslash-escaped ASCII punctuation mark as itself, so escaped text can open no link,
-# image, emphasis, code span, raw HTML, entity or table cell; a control character (a line break above all)
-# becomes its visible Unicode control picture (\n -> U+240A), so the text cannot leave the line it was put
-# on to start a heading, a list item, a table row or a "Verdict" line of its own.
-INERT = str.maketrans({**{mark: "\\" + mark for mark in string.punctuation},
+# The characters that open inline Markdown wherever they stand (emphasis, code spans, links and images, raw
+# HTML and autolinks, entities, table cells, a heading's closing #s, the escape itself), backslash-escaped so
+# CommonMark shows them as themselves; a control character (a line break above all) becomes its visible
+# Unicode control picture (\n -> U+240A), so the text cannot leave the line it was put on to start a heading,
+# a list item, a table row or a "Verdict" line of its own. Other punctuation (a URI's : / . -) is left as
+# written: it opens nothing mid-line, and a reader of the file or a diff sees the text, not backslashes.
+INERT = str.maketrans({**{mark: "\\" + mark for mark in "\\`*_[]<>&|!~#"},
                        **{chr(code): chr(0x2400 + code) for code in range(0x20)}, "\x7f": "\u2421"})
-PLAIN_TOKEN = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.:/@+-]*")
+# What opens a block at the start of a list item's content: a quote, a bullet or ordered list item (its
+# marker followed by a space or nothing), a thematic break (---); a heading's # is escaped everywhere
+BLOCK_OPENER = re.compile(r"^(>|[-+](?=[ ]|$)|-(?=-)|\d{1,9}[.)](?=[ ]|$))")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def md_text(value: object) -> str:
     """Text someone else wrote, as Markdown inline text (a paragraph, a list item or a table cell) that
     renders as exactly that text, line breaks shown as symbols. A leading space becomes a character
-    reference, since a list item opening with spaces would otherwise turn into a code block."""
+    reference, since a list item opening with spaces would otherwise turn into a code block; a leading block
+    opener is escaped, since a list item may hold a heading or another list."""
     text = str(value).translate(INERT)
-    return "&#32;" + text[1:] if text.startswith(" ") else text
+    if text.startswith(" "):
+        return "&#32;" + text[1:]
+    opener = BLOCK_OPENER.match(text)
+    return text if opener is None else text[: opener.end() - 1] + "\\" + text[opener.end() - 1:]
 
 
 def md_code(value: object) -> str:
-    """A digest, code or name in a code span when it is a plain token; anything else as `md_text`: a code
-    span shows its content raw, so text that could close it or split a table cell never goes in one."""
+    """A URI, digest, code or name as a code span, which shows its content raw: fenced by one backtick more
+    than its longest run of them. Text a code span cannot hold goes through `md_text`: a line break (it would
+    leave the line), a `|` (GFM splits a table cell on it even inside a code span), or nothing at all."""
     text = str(value)
-    return f"`{text}`" if PLAIN_TOKEN.fullmatch(text) else md_text(text)
+    if not text or "|" in text or CONTROL.search(text):
+        return md_text(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    padded = f" {text} " if text[0] in "` " or text[-1] in "` " else text
+    return f"{fence}{padded}{fence}"
 
 
 def _gate_lines(report: dict[str, Any]) -> list[str]:
@@ -86,7 +99,7 @@ def model_card(report: dict[str, Any], origin: str | None = None) -> list[str]:
              f"Verdict: **{md_text(report['verdict'])}** under convgate policy {md_text(values.get('version'))} "
              f"(sha256 {md_code(report['policy']['sha256'])}).", "", policy_origin_line(origin), "", "Files:", "",
              "| file | sha256 | bytes |", "|---|---|---|"]
-    lines += [f"| {md_text(f['uri'])} | {md_code(f['sha256'])} | {md_text(f['size'])} |" for f in report["files"]]
+    lines += [f"| {md_code(f['uri'])} | {md_code(f['sha256'])} | {md_text(f['size'])} |" for f in report["files"]]
     runtime = report["gates"].get("runtime", {}).get("details", {})
     applied = runtime.get("thresholds") or {}
     compute = "/".join(md_text(name) for name in runtime.get("compute_classes", []))

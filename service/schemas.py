@@ -10,7 +10,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from service.persistence.clock import in_utc
 from worker.formats.gguf_split import shard_name
+from worker.gates.labelled_retrieval import LabelledSetDocument
 from worker.policy import Policy
 
 SHA256 = r"^[0-9a-f]{64}$"
@@ -56,7 +58,16 @@ def _iso_only(value: object) -> object:
     return value
 
 
-Moment = Annotated[datetime, BeforeValidator(_iso_only)]
+def _representable(value: datetime) -> datetime:
+    """The instant in UTC, which every column holds; a valid date whose offset carries it outside year
+    1..9999 in UTC (`9999-12-31T23:59:59-23:59`) is refused here, not met as an OverflowError later."""
+    try:
+        return in_utc(value)
+    except OverflowError:
+        raise ValueError("the instant, in UTC, is outside the years 1 to 9999") from None
+
+
+Moment = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(_representable)]
 
 
 class SubmitRequest(BaseModel):
@@ -82,6 +93,9 @@ class SubmitRequest(BaseModel):
     text_sets: dict[SetName, list[Text]] | None = Field(
         None, max_length=32, description="named text sets (a language, a domain): gate 2 reports its measures per "
         "set and a policy may budget each; counted with `texts` in the limits above")
+    labelled_set: LabelledSetDocument | None = Field(
+        None, description="embeddings: a labelled retrieval set (passages; queries with their relevant passage ids "
+        "and hard negatives) gate 2 measures instead of its built-in one; the request body's size limit applies")
     release_files: list[UriText] = Field(default_factory=list, max_length=100,
                                          description="other files of the release package (file:// URIs)")
     imatrix_uri: UriText | None = Field(None, description="the importance matrix the artifact was quantized with "
@@ -247,12 +261,19 @@ class QueueItem(BaseModel):
 
 
 class QueueEstimate(BaseModel):
-    """What the start estimates stand on: the median run time of the latest finished runs, and how many
-    are assumed to run at once (as many as run now under Kueue's quota, or the local pool's workers)."""
+    """What the start estimates stand on: the median run time of the latest finished runs (and, when their
+    sizes say how size matters, run time = fixed + per GiB of artifact), how many are assumed to run at once
+    (as many as run now under Kueue's quota, or the local pool's workers), and how far off the estimator
+    was on a replay of the latest finished runs (service/queue_replay.py)."""
 
     runs: int
     median_run_seconds: float | None
     parallel: int
+    fixed_seconds: float | None = None
+    seconds_per_gib: float | None = None
+    replayed_runs: int = Field(0, description="finished runs the estimator was replayed on")
+    median_abs_error_seconds: float | None = Field(None, description="median |estimated - observed| start")
+    p90_abs_error_seconds: float | None = Field(None, description="90th percentile |estimated - observed| start")
 
 
 class QueueOut(BaseModel):

@@ -17,7 +17,7 @@ from edge.uri_policy import UriRefusedError
 from service import callbacks, reuse
 from service.attestations.oms import publisher_keys
 from service.config import INLINE_VERSION_PREFIX, Settings
-from service.fetching import public_request, stored_request, uri_policy
+from service.fetching import stored_request, uri_policy
 from service.persistence import repository
 from service.persistence.clock import as_utc
 from service.persistence.models import Verification
@@ -165,6 +165,7 @@ def submit(session: Session, settings: Settings, submitter: str, admitted: Admit
     unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
     unset |= {"artifact_size"} if body.artifact_size is None else set()
     unset |= {"artifact_shard_sha256"} if body.artifact_shard_sha256 is None else set()
+    unset |= {"labelled_set"} if body.labelled_set is None else set()
     for signed in ("source_signature", "artifact_signature"):
         unset |= {f"{signed}_uri", f"{signed}_sha256"} if getattr(body, f"{signed}_uri") is None else set()
     request: dict[str, Any] = stored_request(body.model_dump(mode="json", exclude={
@@ -174,8 +175,12 @@ def submit(session: Session, settings: Settings, submitter: str, admitted: Admit
     if body.callback_url is not None:
         request["callback_url"] = redact_uri(body.callback_url)  # the full URL is its column, never shown
     policy_sha256 = _sha256_of(policy, policy_origin)
-    request_sha256 = hashlib.sha256(json.dumps(
-        {"request": public_request(request), "policy": policy_sha256}, sort_keys=True).encode()).hexdigest()
+    # What an Idempotency-Key stands for: the request with its URIs as sent, secrets included (the
+    # originals under fetch_uris, kept in the same row), so a repeat that carries a new presigned URL is a
+    # 409 rather than the first verification, which would fetch with the old one. A request without
+    # secrets hashes as it always did.
+    request_sha256 = hashlib.sha256(json.dumps({"request": request, "policy": policy_sha256},
+                                               sort_keys=True).encode()).hexdigest()
     if admitted.gate1_shards > 1:
         request["shards"] = admitted.gate1_shards  # a deployment choice, not what was asked: outside the identity
     verification = reuse.insert_or_reuse(

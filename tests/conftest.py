@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -79,6 +80,13 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="session")
+def big_vocab() -> Path:
+    """source/ and big-vocab-F32.gguf: a tiny random llama whose vocabulary is padded to 262,144 tokens
+    (scripts/fixtures_long_context.py)."""
+    return built("big-vocab", "big-vocab-F32.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama() -> Path:
     return built("tiny-llama", "tiny-llama-Q4_K_M.gguf")
 
@@ -135,9 +143,18 @@ def modernbert() -> Path:
     return built("arch-modernbert", "Q8_0.gguf")
 
 
+# The suite's default policy: the default but for a causal LM's built-in long text, which by default reaches the
+# trained context a pod affords (8,192 positions on SmolLM2, minutes per run); here it stops at 1,024, still
+# past the first positions, so every run compares a long text's far batches. What the full length costs is
+# measured by scripts/bench_gates.py --long-context, not on every run of the suite.
+# The suite's default: a 1,024-token long text and no labelled retrieval set (~250 texts per side): each is
+# exercised where it is the subject (test_long_context.py, test_labelled_retrieval.py, the trained models')
+SUITE_POLICY = Policy(long_context_tokens=1024, labelled_retrieval=False)
+
+
 def run_gates(source: Path, artifact: Path, gates: set[int], policy: Policy | None = None, **extra) -> Report:
     request = VerifyRequest(gates=frozenset(gates), **extra)
-    return verify(request, LocalInputs(source=source, artifact=artifact), policy or Policy())
+    return verify(request, LocalInputs(source=source, artifact=artifact), policy or SUITE_POLICY)
 
 
 def run_gate1(source: Path, artifact: Path, policy: Policy | None = None) -> Report:
@@ -154,6 +171,23 @@ def defect_copy(src: Path, dst_dir: Path, tensor: str, mutate: Callable[[np.ndar
     data.flush()
     del data
     return dst
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[int]]:
+    """Gate 2's reference passes: base-model passes counted per reference model (a streamed reference's one
+    padded batch of every text is one pass)."""
+    counted: Counter[int] = Counter()
+    from worker.runtime import hf_reference
+
+    body = hf_reference.HFModel._body
+
+    def counting(self: hf_reference.HFModel, ids, mask):  # type: ignore[no-untyped-def]
+        counted[id(self)] += 1
+        return body(self, ids, mask)
+
+    monkeypatch.setattr(hf_reference.HFModel, "_body", counting)
+    yield counted
 
 
 def codes(report: Report) -> set[str]:

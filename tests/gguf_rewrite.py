@@ -1,4 +1,4 @@
-"""Rewrite an honest GGUF with one change (drop or add a tensor, change a key), through the sweep's editor."""
+"""Rewrite an honest GGUF with one change (drop or add a tensor, change or drop a key), through the sweep's editor."""
 
 from __future__ import annotations
 
@@ -29,8 +29,12 @@ def rewrite(
     drop: tuple[str, ...] = (),
     add: dict[str, np.ndarray] | None = None,
     set_keys: dict[str, Any] | None = None,
+    drop_keys: tuple[str, ...] = (),
 ) -> Path:
     gguf = gguf_edit.read(src)
+    if missing := [key for key in drop_keys if all(kv.key != key for kv in gguf.kvs)]:
+        raise KeyError(f"{src.name} has no {missing}")
+    gguf = replace(gguf, kvs=[kv for kv in gguf.kvs if kv.key not in drop_keys])
     for key, value in (set_keys or {}).items():
         gguf = gguf.with_kv(_kv(gguf, key, value))
     tensors = [t for t in gguf.tensors if t.name not in drop]

@@ -75,6 +75,8 @@ BLOCKER_CODES: dict[str, str] = {
     "embedding.cosine_below_threshold": "a text's embedding cosine to the reference is below the policy minimum",
     "embedding.top1_mismatch": "retrieval top-1 on the built-in set differs from the reference",
     "embedding.not_finite": "llama.cpp returned a non-finite embedding",
+    "embedding.rank_swapped": "llama.cpp reversed the order of a decisive passage pair of the labelled retrieval set "
+    "(at the width named)",
     "logits.nmse_above_threshold": "logits NMSE against the reference exceeds the policy maximum",
     "logits.kl_above_threshold": "KL divergence from the reference exceeds the policy maximum",
     "logits.top1_below_threshold": "top-1 token agreement with the reference is below the policy minimum",
@@ -96,6 +98,8 @@ BLOCKER_CODES: dict[str, str] = {
     "quality.ppl_above_budget": "the perplexity ratio to the source model exceeds the policy's quality budget",
     "quality.cosine_below_budget": "an embedding's cosine to the source model is below the policy's quality floor",
     "quality.top1_differs_from_source": "retrieval top-1 differs from the source model's",
+    "quality.retrieval_below_budget": "nDCG@10 on the labelled retrieval set fell below the source's by more than "
+    "the policy's quality budget (at the width named)",
     # --- gate 3: the released file ---
     "release.file_changed": "the file to release no longer has the digest that was measured",
     "release.dimension_mismatch": "the released file's embedding dimension differs from its metadata",

@@ -9,6 +9,7 @@ Exit codes: 0 GO, 1 NO-GO, 2 could not run (usage error, unreadable source or ar
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import traceback
@@ -31,6 +32,7 @@ from edge.store import ContentStore
 from edge.uri_policy import UriPolicy
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import UsageError
+from worker.gates.labelled_retrieval import LabelledSet, parse_labelled_set
 from worker.oms import load_public_key
 from worker.policy import load_policy
 from worker.resources import ThreadSettingError, cpu_budget
@@ -48,7 +50,8 @@ def exits_3_on_internal_error(command: _Command) -> _Command:
     def run(*args: Any, **kwargs: Any) -> None:
         try:
             command(*args, **kwargs)
-        except (typer.Exit, typer.Abort, click.ClickException, KeyboardInterrupt):
+        # typer's own usage errors (typer.BadParameter: its vendored click) and click's pass on as exit 2
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException, click.ClickException, KeyboardInterrupt):
             raise
         except Exception as exc:  # the one place every other exception is translated
             if kwargs.get("debug") or os.environ.get("CONVGATE_DEBUG"):
@@ -96,16 +99,46 @@ def _parse_gates(value: str) -> frozenset[int]:
     return gates
 
 
-def _read_texts(path: Path | None, option: str = "--texts") -> tuple[str, ...] | None:
-    if path is None:
-        return None
+def read_named(path: Path, option: str) -> str:
+    """A file an option names, as UTF-8 text (`convgate verify` and `convgate submit` both read theirs here):
+    one that cannot be read is a usage error, exit 2, never an exit code a verdict has."""
     try:
-        return tuple(line for line in path.read_text(encoding="utf-8").splitlines() if line)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {option} {path}: {exc}") from exc
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc.strerror or type(exc).__name__}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read {option} {path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+
+
+def read_json_named(path: Path, option: str) -> Any:
+    text = read_named(path, option)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"cannot read {option} {path}: not JSON ({exc})") from exc
+
+
+def read_lines_named(path: Path, option: str) -> tuple[str, ...]:
+    """One text per non-empty line."""
+    return tuple(line for line in read_named(path, option).splitlines() if line)
+
+
+def _read_texts(path: Path | None, option: str = "--texts") -> tuple[str, ...] | None:
+    return None if path is None else read_lines_named(path, option)
 
 
 SET_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _read_labelled_set(path: Path | None) -> LabelledSet | None:
+    """`--labelled-set FILE`: a JSON labelled retrieval set in the built-in one's format."""
+    if path is None:
+        return None
+    document = read_json_named(path, "--labelled-set")
+    try:
+        return parse_labelled_set(document, f"submitted ({path.name})")
+    except ValueError as exc:  # not a labelled set
+        raise UsageError(f"--labelled-set {path}: {exc}") from exc
 
 
 def _read_text_sets(values: list[str] | None) -> dict[str, tuple[str, ...]] | None:
@@ -163,9 +196,10 @@ def _read_signers(paths: Sequence[Path]) -> tuple[str, ...]:
 
 @exits_3_on_internal_error
 def verify_command(
-    source: Annotated[str, typer.Option(help="Hugging Face model directory (path or file:// URI)")],
+    source: Annotated[str, typer.Option(
+        help="Hugging Face model: a directory, file:// URI, hf://org/model@commit or https:// URI")],
     artifact: Annotated[str, typer.Option(
-        help="converted GGUF (path or file:// URI); a gguf-split by its first shard, the others beside it")],
+        help="converted GGUF: a path, file:// or https:// URI; a gguf-split by its first shard, the others beside it")],
     sha256: Annotated[str | None, typer.Option(help="expected sha256 of the artifact")] = None,
     shard_sha256: Annotated[list[str] | None, typer.Option(
         help="a split's expected sha256 per shard, in order from the first; repeatable")] = None,
@@ -173,6 +207,9 @@ def verify_command(
     texts: Annotated[Path | None, typer.Option(help="UTF-8 text file, one text per line")] = None,
     text_set: Annotated[list[str] | None, typer.Option(
         help="NAME=FILE: a named text set (a language, a domain), measured as its own slice; repeatable")] = None,
+    labelled_set: Annotated[Path | None, typer.Option(
+        help="embeddings: a JSON labelled retrieval set (queries, passages, relevant ids) measured instead of the "
+             "built-in one")] = None,
     report: Annotated[Path | None, typer.Option(help="write the JSON report here")] = None,
     gates: Annotated[str, typer.Option(help="gates to run, e.g. 1 or 1,2,3")] = "1,2,3",
     kind: Annotated[str, typer.Option(help="auto, embedding, causal-lm or reranker")] = "auto",
@@ -206,7 +243,8 @@ def verify_command(
         request = VerifyRequest(expected_sha256=sha256, gates=_parse_gates(gates), texts=_read_texts(texts),
                                 text_sets=_read_text_sets(text_set), kind=kind, imatrix_sha256=imatrix_sha256,
                                 shard_sha256=tuple(shard_sha256 or ()),
-                                trusted_signers=_read_signers(trusted_signer or ()))
+                                trusted_signers=_read_signers(trusted_signer or ()),
+                                labelled_set=_read_labelled_set(labelled_set))
         chosen_policy = load_policy(policy)
         store = ContentStore(cache_dir or default_cache())
         install_log_redaction()

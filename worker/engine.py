@@ -21,6 +21,7 @@ from worker.controls import ControlInputs, run_controls, undetected
 from worker.digests import digest_file, digest_tree, sha256_file
 from worker.errors import ConvgateError
 from worker.formats.artifact_files import artifact_paths, sibling_uri
+from worker.gates.labelled_retrieval import LabelledSet
 from worker.gates.release import run_release_gate
 from worker.gates.runtime import RuntimeMeasurements, model_kind, run_runtime_gate
 from worker.gates.storage import open_source_or_blocker, run_storage_part, validate_structure
@@ -28,7 +29,7 @@ from worker.gates.storage_parts import StoragePart, merge_parts
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
-from worker.report import Control, FileDigest, GateResult, Report, SignatureCheck
+from worker.report import Control, FileDigest, GateResult, Report, SignatureCheck, TensorRow
 from worker.resources import cpu_budget
 from worker.runtime.sentence_config import sentence_config
 from worker.signature_check import SignatureInput, check_signatures
@@ -71,6 +72,8 @@ class VerifyRequest:
     source_signature_sha256: str | None = None
     artifact_signature_sha256: str | None = None
     trusted_signers: tuple[str, ...] = ()
+    # the submitter's own labelled retrieval set for an embedding model (gate 2's built-in one otherwise)
+    labelled_set: LabelledSet | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,6 +264,14 @@ def _digest_mismatches(request: VerifyRequest, files: int, shards: dict[int, Fil
     return tuple(found)
 
 
+def _every_row(part: StoragePart | None) -> dict[str, TensorRow] | None:
+    """Gate 1's row of every tensor by GGUF name, when this process checked them all (one part of one)."""
+    if part is None or part.shards != 1:
+        return None
+    rows = {pair.row.gguf_name: pair.row for pair in part.checked if pair.row is not None}
+    return rows if len(part.checked) == len(part.pair_names) else None
+
+
 def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress, shard: int,
                  shards: int) -> tuple[Report, StoragePart | None]:
     """One shard of a verification split over pods: (the report without gate 1's values, this shard's part
@@ -309,7 +320,8 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
     if 2 in request.gates:
         submitted = submitted_texts(request.texts, request.text_sets)
         result, blockers, measured = run_runtime_gate(artifact, layout, source, policy, submitted, request.kind,
-                                                      progress)
+                                                      progress, storage_rows=_every_row(part),
+                                                      labelled=request.labelled_set)
         run.record(result, blockers)
         run.not_verified.extend(f"input kind: {gap}" for gap in result.details.get("not_covered", []))
         if skipped := result.details.get("skipped_texts"):

@@ -44,7 +44,8 @@ SliceName = Annotated[str, Field(min_length=1, max_length=64, pattern=PRINTABLE_
 
 
 # fields added after policies were first stored, with the default that asks for nothing new
-NEUTRAL_WHEN_ADDED: dict[str, object] = {"require_source_signature": False}
+NEUTRAL_WHEN_ADDED: dict[str, object] = {"require_source_signature": False, "embedding_widths": None,
+                                          "labelled_retrieval": True}
 
 
 class Policy(BaseModel):
@@ -93,7 +94,17 @@ class Policy(BaseModel):
                                              description="ids differ yet cosine >= this: contradiction")
     contradiction_low_cosine: float = Field(0.9, ge=-1, le=1, description="ids equal yet cosine < this: contradiction")
     max_context_tokens: int = Field(2048, ge=16, description="cap on the context the runtime gates use")
-    max_logit_positions: int = Field(256, ge=1, description="positions per text compared for logits")
+    max_logit_positions: int = Field(256, ge=1, description="first positions of each text compared for logits")
+    long_context_tokens: int | None = Field(
+        None, ge=16, description="length of gate 2's built-in long text for causal LMs (compared past every "
+        "sliding window, the original context and at its end); default: the smaller of the trained context and "
+        "what the pod affords (docs/gate2.md), never short of the widest window")
+    labelled_retrieval: bool = Field(
+        True, description="embeddings: run the built-in labelled retrieval set (~250 texts on each side; off for "
+        "a model too large to embed them in the pod's time: only the texts' cosine and the built-in top-1)")
+    embedding_widths: tuple[int, ...] | None = Field(
+        None, max_length=16, description="embedding widths a platform serves (truncate, then normalise), each "
+        "compared besides the full width; default: the model's declared Matryoshka dimensions")
     # gate 2 correctness: thresholds per compute class of the artifact's matrices (see worker/thresholds.py)
     runtime: dict[ComputeClass, RuntimeThresholds] = Field(default_factory=lambda: dict(DEFAULT_RUNTIME_THRESHOLDS))
     # gate 2 for rerankers: relevance-score thresholds per compute class (see worker/rerank_thresholds.py)

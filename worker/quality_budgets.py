@@ -51,6 +51,11 @@ class QualityBudget(BaseModel):
                                        "token equals the source's")
     max_ppl_ratio: float | None = Field(None, ge=1, description="causal LMs: perplexity of the texts under "
                                         "llama.cpp over the source's")
+    max_ndcg10_drop: float | None = Field(None, ge=0, le=1, description="embeddings: how far nDCG@10 on the "
+                                          "labelled retrieval set may fall below the source's, at every served "
+                                          "width")
+    min_cosine_truncated: float | None = Field(None, ge=-1, le=1, description="embeddings: min cosine to the "
+                                               "source of a labelled-set text at a served width below the full one")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +84,46 @@ MEASURED_COST: tuple[MeasuredCost, ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class MeasuredRetrievalCost:
+    """What one recommended recipe of a precision class cost a trained embedding model on the labelled
+    retrieval set (`worker/gates/labelled_measure.py`), at 384, 128 and 64 dimensions."""
+
+    fixture: str
+    precision: PrecisionClass
+    min_cosine_truncated: float  # the lowest cosine to the source of a labelled text at 128 or 64 dimensions
+    ndcg_drop: float  # the largest fall of nDCG@10 below the source's, over the widths
+
+
+# Measured with `python scripts/measure_thresholds.py --only minilm` (all-MiniLM-L6-v2 from its F32 source;
+# the recommended recipes of each class, as MEASURED_COST; Q4_0 is not one, and costs 0.93 truncated).
+MEASURED_RETRIEVAL_COST: tuple[MeasuredRetrievalCost, ...] = (
+    MeasuredRetrievalCost('minilm-F32', 'float', min_cosine_truncated=0.9999972, ndcg_drop=0.0),
+    MeasuredRetrievalCost('minilm-F16', 'float', min_cosine_truncated=0.9999969, ndcg_drop=0.0),
+    MeasuredRetrievalCost('minilm-BF16', 'float', min_cosine_truncated=0.9999571, ndcg_drop=0.0),
+    MeasuredRetrievalCost('minilm-Q8_0', '8bit', min_cosine_truncated=0.9989339, ndcg_drop=0.0),
+    MeasuredRetrievalCost('minilm-Q6_K', '6bit', min_cosine_truncated=0.9974375, ndcg_drop=0.00165),
+    MeasuredRetrievalCost('minilm-Q5_K_M', '5bit', min_cosine_truncated=0.9851438, ndcg_drop=0.00094),
+    MeasuredRetrievalCost('minilm-Q4_K_M', '4bit', min_cosine_truncated=0.9790697, ndcg_drop=0.0),
+)
+NDCG_DROP_FLOOR = 0.02  # a budget never asks nDCG@10 to stay closer than this (two queries of ninety moved)
+
+
+def _retrieval_budget(precision: PrecisionClass) -> dict[str, float]:
+    rows = [m for m in MEASURED_RETRIEVAL_COST if m.precision == precision]
+    if not rows:
+        return {}
+    deficit = max(1 - m.min_cosine_truncated for m in rows) * COST_MARGIN
+    drop = max(max(m.ndcg_drop for m in rows) * COST_MARGIN, NDCG_DROP_FLOOR)
+    return {"min_cosine_truncated": round(1 - round_outward(deficit, up=True), 12),
+            "max_ndcg10_drop": round_outward(drop, up=True)}
+
+
 def derive_budget(precision: PrecisionClass) -> QualityBudget:
-    """The class's budget from its recommended recipes in MEASURED_COST; the embedding floor in every class."""
+    """The class's budget from its recommended recipes in MEASURED_COST and MEASURED_RETRIEVAL_COST; the
+    embedding floor in every class."""
     rows = [m for m in MEASURED_COST if m.precision == precision]
-    floor = {"min_cosine": EMBEDDING_MIN_COSINE, "retrieval_top1_equal": True}
+    floor = {"min_cosine": EMBEDDING_MIN_COSINE, "retrieval_top1_equal": True, **_retrieval_budget(precision)}
     if not rows:
         return QualityBudget(**floor)
     changed = max(1 - m.same_top for m in rows) * COST_MARGIN
@@ -102,7 +143,10 @@ def _no_tighter_than(finer: QualityBudget, current: QualityBudget) -> QualityBud
 
     return current.model_copy(update={"max_kl_mean": loosest(finer.max_kl_mean, current.max_kl_mean, max),
                                       "min_same_top": loosest(finer.min_same_top, current.min_same_top, min),
-                                      "max_ppl_ratio": loosest(finer.max_ppl_ratio, current.max_ppl_ratio, max)})
+                                      "max_ppl_ratio": loosest(finer.max_ppl_ratio, current.max_ppl_ratio, max),
+                                      "max_ndcg10_drop": loosest(finer.max_ndcg10_drop, current.max_ndcg10_drop, max),
+                                      "min_cosine_truncated": loosest(finer.min_cosine_truncated,
+                                                                      current.min_cosine_truncated, min)})
 
 
 def default_budgets() -> dict[PrecisionClass, QualityBudget]:

@@ -74,6 +74,41 @@ def submitted_texts(texts: Sequence[str] | None, text_sets: Mapping[str, Sequenc
 
 
 LONG_SENTENCE = "Verification compares every tensor and every token against the reference model. "
+# Prose for the long text a causal LM is compared along: varied sentences, cycled to any length.
+LONG_PROSE = (
+    "The river rose slowly through the night, and by morning the lower fields were under water. "
+    "Farmers moved their animals to the ridge, where the old chapel stood among oak trees. "
+    "A committee met in the town hall to discuss the budget for the new bridge, which had been delayed twice. "
+    "Engineers argued that the foundations needed deeper piles, while the treasurer worried about the cost. "
+    "In the library, a student read about the history of navigation, from stars and sextants to satellites. "
+    "Early sailors kept careful logs of speed and heading, estimating their position by dead reckoning. "
+    "The chef prepared a stew of lentils, carrots and smoked paprika, letting it simmer for an hour. "
+    "Guests arrived late because the train had stopped for twenty minutes outside the station. "
+    "Mathematicians have long studied prime numbers, which appear irregularly yet follow deep patterns. "
+    "A simple program can list them by testing each candidate against the primes found before it. "
+    "During the winter, the observatory recorded a faint comet that brightened as it approached the sun. "
+    "Its tail, pushed by the solar wind, always pointed away from the sun rather than behind the comet. "
+    "The museum opened a new gallery devoted to textiles, with looms, dyes and patterns from five continents. "
+    "Visitors could try weaving a short strip of cloth and take it home as a souvenir. "
+    "When the storm finally passed, children ran outside to measure the puddles and count the fallen branches. "
+)
+
+
+def long_context_texts(tokens: int, count_tokens) -> tuple[Text, ...]:
+    """One text of just under `tokens` tokens (by the model's tokenizer): prose a causal LM is compared
+    along, past its sliding windows and out to the long context (worker/gates/positions.py)."""
+    target = max(tokens - 8, 1)
+    text = LONG_PROSE
+    while count_tokens(text) <= target:
+        text += LONG_PROSE
+    low, high = 0, len(text)  # the longest prefix that fits, in characters
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if count_tokens(text[:middle]) <= target:
+            low = middle
+        else:
+            high = middle
+    return (Text("long-context", text[:low].rstrip(), "english", builtin=True),)
 
 
 def near_context_texts(context_tokens: int, count_tokens) -> tuple[Text, ...]:
@@ -102,7 +137,7 @@ def uncovered_inputs(texts: tuple[Text, ...]) -> list[str]:
         gaps.append("non-ASCII input (every text was ASCII)")
     if not any(ord(ch) > 0xFFFF for ch in joined):
         gaps.append("characters outside the Basic Multilingual Plane (emoji)")
-    if not any(t.label == "near-context-limit" for t in texts):
+    if not any(t.label in ("near-context-limit", "long-context") for t in texts):
         gaps.append("inputs near the context limit")
     return gaps
 

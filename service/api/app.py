@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import FrameType
+from typing import Any
 
 import anyio.to_thread
-from fastapi import FastAPI, HTTPException, Request, status
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine, text
@@ -17,8 +21,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page
 from service.api import attestations as attestation_endpoint
-from service.api.deps import get_principal
+from service.api.deps import admitted, bearer, principal_for
 from service.api.event_stream import StreamSlots
+from service.api.http_metrics import HttpMetrics, HttpMetricsMiddleware
 from service.api.limits import BodyLimitMiddleware
 from service.api.login_throttle import LoginThrottle
 from service.api.ui_sessions import UiSessions
@@ -27,20 +32,21 @@ from service.callbacks_loop import CallbackLoop
 from service.config import Settings
 from service.metrics import make_registry
 from service.persistence.db import (
-    API_THREADS,
+    READ_ONLY,
     async_session_factory,
     make_async_engine,
     make_engine,
+    request_unit,
     session_factory,
-    transaction,
 )
+from service.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks: bool | None = None) -> FastAPI:
     """`run_callbacks` (default: wherever the dispatch loop runs) starts the completion-callback loop."""
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, threads=settings.api_threads)
     factory = session_factory(engine)
     async_engine = make_async_engine(settings.database_url)
     background = run_dispatcher and settings.dispatcher != "none"
@@ -56,13 +62,16 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
     app.state.login_throttle = LoginThrottle()
     app.state.ui_sessions = UiSessions(settings)
     app.state.stream_slots = StreamSlots(settings.max_streams, settings.max_streams_per_principal)
+    app.state.stopping = threading.Event()  # set when the server is told to stop: open streams end
     for module in (endpoints, access_log, queue_page, exports, pages_auditor, attestation_endpoint):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     errors.install(app)
+    registry = make_registry(factory, pool=settings.concurrency if settings.dispatcher == "local" else None)
+    app.state.http_metrics = http_metrics = HttpMetrics(registry)
+    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # outermost: every answer is timed
     for unavailable in (db_errors.OperationalError, db_errors.TimeoutError):  # locked, refused, pool exhausted
         app.add_exception_handler(unavailable, database_unavailable)
-    registry = make_registry(factory)
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:
@@ -71,8 +80,9 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
 
     @app.get("/readyz", response_class=PlainTextResponse)
     def readyz() -> Response:
+        """A read (on SQLite it never waits for the write lock): one pool thread, nothing held after it."""
         try:
-            with engine.connect() as connection:
+            with engine.connect().execution_options(**{READ_ONLY: True}) as connection:
                 connection.execute(text("SELECT 1 FROM verifications LIMIT 1"))
         except Exception as exc:  # any database failure means not ready
             return PlainTextResponse(f"database not ready: {type(exc).__name__}", status_code=503)
@@ -81,41 +91,73 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
     @app.get("/metrics", response_class=PlainTextResponse, responses={
         401: errors.ERRORS[401], 403: errors.ERRORS[403]})
     def metrics(request: Request) -> Response:
-        """Prometheus text format; with metrics_public off, an operator's or admin's bearer token."""
+        """Prometheus text format; with metrics_public off, an operator's or admin's bearer token (looked up
+        and its unit committed before the collectors read, in this one pool thread)."""
         if not settings.metrics_public:
-            with transaction(factory) as session:
-                principal = get_principal(request, session)
-            if principal.role not in OPERATE:
-                raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {principal.role} may not read metrics")
+            with request_unit(factory) as session:
+                admitted(principal_for(session, bearer(request)), OPERATE)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
+def background_loops(settings: Settings, factory: sessionmaker[Session], *, dispatch: bool = True,
+                     callbacks: bool = True) -> tuple[Ticker | None, Ticker | None]:
+    """The dispatch loop (none on an API-only replica, `dispatcher=none`) and the callback loop, not started."""
+    dispatch_loop = None
+    if dispatch and settings.dispatcher != "none":
+        from service.dispatch.loop import DispatchLoop
+
+        dispatch_loop = DispatchLoop.for_settings(settings, factory)
+    return dispatch_loop, CallbackLoop(factory, settings) if callbacks else None
+
+
+def end_streams_on_exit_signals(stopping: threading.Event) -> Callable[[], None]:
+    """SIGTERM and SIGINT also set `stopping` (every open event stream ends at its next poll), then do what
+    they did before (uvicorn's graceful shutdown); returns what puts the previous handlers back. Signals reach
+    only the main thread: a server run in another thread (a test's) keeps its handlers as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous: dict[int, Any] = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        stopping.set()
+        then = previous[number]
+        if callable(then):
+            then(number, frame)
+        else:  # the default action (or none): as if this handler had not been installed
+            signal.signal(number, then)
+            signal.raise_signal(number)
+
+    def restore() -> None:
+        for number, then in previous.items():
+            signal.signal(number, then)
+
+    for number in previous:
+        signal.signal(number, handler)
+    return restore
+
+
 def _lifespan(settings: Settings, factory: sessionmaker[Session], engine: Engine, async_engine: AsyncEngine, *,
               background: bool, run_callbacks: bool) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """The app's lifespan: the dispatch and callback loops started and stopped, the engines disposed."""
+    """The app's lifespan: the dispatch and callback loops started and stopped, exit signals made to end the
+    open event streams, the engines disposed."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        anyio.to_thread.current_default_thread_limiter().total_tokens = API_THREADS  # one connection each
-        loop = None
-        if background:
-            from service.dispatch.loop import DispatchLoop
-
-            loop = DispatchLoop.for_settings(settings, factory)
-            loop.start()
-        app.state.dispatch_loop = loop
-        callback_loop = CallbackLoop(factory, settings) if run_callbacks else None
-        app.state.callback_loop = callback_loop
-        if callback_loop is not None:
-            callback_loop.start()
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads  # a connection each
+        loops = background_loops(settings, factory, dispatch=background, callbacks=run_callbacks)
+        app.state.dispatch_loop, app.state.callback_loop = loops
+        for loop in loops:
+            if loop is not None:
+                loop.start()
+        restore_signals = end_streams_on_exit_signals(app.state.stopping)
         try:
             yield
         finally:
-            if callback_loop is not None:
-                callback_loop.stop()
-            if loop is not None:
-                loop.stop()
+            restore_signals()
+            for loop in reversed(loops):
+                if loop is not None:
+                    loop.stop()
             engine.dispose()
             await async_engine.dispose()
     return lifespan
@@ -124,9 +166,10 @@ def _lifespan(settings: Settings, factory: sessionmaker[Session], engine: Engine
 RETRY_AFTER_SECONDS = 5
 
 
-async def database_unavailable(_request: Request, exc: Exception) -> Response:
+async def database_unavailable(request: Request, exc: Exception) -> Response:
     """A locked, refusing or exhausted database is the service's temporary state, not a fault in the
     request: 503 and when to retry, never a 500 (the driver's message stays in the server log)."""
     log.warning("database unavailable: %s", type(exc).__name__)
+    request.app.state.http_metrics.database_unavailable.inc()  # what the database alert counts
     return JSONResponse({"detail": "the database is unavailable; retry later", "code": "database.unavailable"},
                         status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

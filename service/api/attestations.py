@@ -9,12 +9,13 @@ from typing import Annotated, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
-from starlette.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from service.api import access_log
-from service.api.deps import Principal, SessionDep, SettingsDep, require
+from service.api.deps import Principal, SettingsDep, caller
 from service.api.endpoints import VerificationId, _visible
 from service.api.errors import ERRORS
+from service.api.units import one_trip
 from service.attestations import KeyFileError, attestation_for
 from service.attestations.issue import vsa_for
 from service.attestations.oms import model_signature_for
@@ -32,14 +33,15 @@ router = APIRouter(prefix="/v1", responses=ERRORS)
           "content": {"application/json": ENVELOPE, DSSE_MEDIA_TYPE: ENVELOPE}},
     409: {**ERRORS[400], "description": "no verdict yet: nothing to attest"},
     503: {**ERRORS[400], "description": "the signing key cannot be loaded"}})
-async def read_attestation(verification_id: VerificationId, request: Request, session: SessionDep,
-                           settings: SettingsDep,
-                           principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
+async def read_attestation(verification_id: VerificationId, request: Request, settings: SettingsDep,
+                           principal: Annotated[Principal, caller(READ_OWN_OR_ANY)],
                            predicate: Annotated[Literal["convgate", "vsa"], Query(
                                description="convgate: our predicate, every digest an auditor re-checks; vsa: the "
                                            "SLSA Verification Summary (https://slsa.dev/verification_summary/v1) "
                                            "a policy engine reads")] = "convgate") -> Response:
-    def attest() -> Response:
+    media = DSSE_MEDIA_TYPE if DSSE_MEDIA_TYPE in request.headers.get("accept", "") else "application/json"
+
+    def attest(session: Session) -> Response:
         verification = _visible(session, verification_id, principal)
         try:
             envelope = (attestation_for if predicate == "convgate" else vsa_for)(session, settings, verification)
@@ -51,10 +53,8 @@ async def read_attestation(verification_id: VerificationId, request: Request, se
             raise HTTPException(status.HTTP_409_CONFLICT,
                                 f"no verdict yet (state {verification.state}): attestations are signed verdicts")
         access_log.record(session, request, principal, "read_attestation", verification.id)
-        session.commit()  # in this thread: the stored envelope is what every later request returns
-        media = DSSE_MEDIA_TYPE if DSSE_MEDIA_TYPE in request.headers.get("accept", "") else "application/json"
         return Response(json.dumps(envelope, separators=(",", ":")), media_type=media)
-    return await run_in_threadpool(attest)
+    return await one_trip(request, attest)
 
 
 BUNDLE = {"schema": {"type": "object", "required": ["mediaType", "verificationMaterial", "dsseEnvelope"]}}
@@ -67,18 +67,17 @@ BUNDLE = {"schema": {"type": "object", "required": ["mediaType", "verificationMa
           "content": {"application/json": BUNDLE}},
     409: {**ERRORS[400], "description": "no GO verdict: only what convgate found good is signed"},
     503: {**ERRORS[400], "description": "the model-signing key cannot be loaded"}})
-async def read_model_signature(verification_id: VerificationId, request: Request, session: SessionDep,
+async def read_model_signature(verification_id: VerificationId, request: Request,
                                settings: SettingsDep,
-                               principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Response:
-    def sign() -> Response:
+                               principal: Annotated[Principal, caller(READ_OWN_OR_ANY)]) -> Response:
+    def sign(session: Session) -> Response:
         verification = _visible(session, verification_id, principal)
         bundle = model_signature_for(session, settings, verification)  # KeyFileError: a 503 (api/errors.py)
         if bundle is None:
             raise HTTPException(status.HTTP_409_CONFLICT, f"no GO verdict (state {verification.state}, verdict "
                                 f"{verification.verdict_result or 'none'}): only a GO artifact is signed")
         access_log.record(session, request, principal, "read_model_signature", verification.id)
-        session.commit()
         name = uri_name(verification.artifact_uri) or "artifact"
         return Response(bundle, media_type="application/json",
                         headers={"Content-Disposition": f'attachment; filename="{quote(name)}.sig"'})
-    return await run_in_threadpool(sign)
+    return await one_trip(request, sign)

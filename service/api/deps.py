@@ -1,13 +1,14 @@
-"""Request dependencies: settings, a session whose commit/rollback the request owns, the caller."""
+"""Request dependencies and the caller: settings, the async session of the endpoints on the event loop,
+who a bearer token or the pages' cookie names. Nothing here holds a sync session: a request's sync database
+work is one unit in one pool thread (`service.api.units`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
 import anyio
-import anyio.to_thread
 from fastapi import Depends, HTTPException, Request, status
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -23,30 +24,6 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def _off_the_loop(step: Callable[[], object]) -> None:
-    """A commit or rollback, in a pool thread of its own (like FastAPI's own teardown: a fresh limiter,
-    so it never waits behind requests that wait for this connection), never cancelled half-way."""
-    with anyio.CancelScope(shield=True):
-        await anyio.to_thread.run_sync(step, limiter=anyio.CapacityLimiter(1))
-
-
-async def get_session(request: Request) -> AsyncIterator[Session]:
-    """The request owns its unit of work: commit when the endpoint returns, roll back if it raises.
-    Opening a session does no I/O, so it happens on the event loop; the teardown goes to a thread only
-    when a transaction is still open (an endpoint that committed itself costs none)."""
-    session = request.app.state.session_factory()
-    try:
-        yield session
-        if session.in_transaction():
-            await _off_the_loop(session.commit)
-    except BaseException:
-        if session.in_transaction():
-            await _off_the_loop(session.rollback)
-        raise
-    finally:
-        session.close()  # committed or rolled back above: nothing left to send from the loop
-
-
 async def get_async_session(request: Request) -> AsyncIterator[AsyncSession]:
     """The unit of work of an endpoint that runs its ORM code on the event loop (`AsyncSession.run_sync`):
     the endpoint commits; anything it left open is rolled back here. Never cancelled half-way."""
@@ -59,7 +36,6 @@ async def get_async_session(request: Request) -> AsyncIterator[AsyncSession]:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
 AsyncSessionDep = Annotated[AsyncSession, Depends(get_async_session)]
 
 
@@ -90,19 +66,6 @@ def principal_by_digest(session: Session, token_sha256: str | None) -> Principal
     return None if found is None else Principal(found[0], Role(found[1]))
 
 
-def _or_401(principal: Principal | None) -> Principal:
-    if principal is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
-                            headers={"WWW-Authenticate": "Bearer"})
-    return principal
-
-
-def get_principal(request: Request, session: SessionDep) -> Principal:
-    """The API authenticates by the Authorization header only: a cookie rides along with any request a
-    browser makes, so it must never authorise a write or a JSON read."""
-    return _or_401(principal_for(session, bearer(request)))
-
-
 def ui_token_sha256(request: Request) -> str | None:
     """The pages' own GET reads: the header's token, or the one the cookie POST /ui/login set vouches for."""
     if secret := bearer(request):
@@ -111,42 +74,41 @@ def ui_token_sha256(request: Request) -> str | None:
     return request.app.state.ui_sessions.token_sha256(cookie) if cookie else None
 
 
-def get_ui_principal(request: Request, session: SessionDep) -> Principal:
-    return _or_401(principal_by_digest(session, ui_token_sha256(request)))
-
-
-async def get_principal_on_loop(request: Request, session: AsyncSessionDep) -> Principal:
-    """`get_principal` for an endpoint on the async session: the same lookup, with no pool thread."""
-    secret = bearer(request)
-    return _or_401(await session.run_sync(principal_for, secret))
-
-
-PrincipalDep = Annotated[Principal, Depends(get_principal)]
-UiPrincipalDep = Annotated[Principal, Depends(get_ui_principal)]
-
-
-def _check(principal: Principal, roles: frozenset[Role]) -> Principal:
+def admitted(principal: Principal | None, roles: frozenset[Role]) -> Principal:
+    """The caller when its role is one of `roles`: 401 without a valid token, 403 for another role."""
+    if principal is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
     if principal.role not in roles:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {principal.role} may not do this")
     return principal
 
 
-def require(roles: frozenset[Role]):
-    """A dependency that admits only `roles` (bearer header)."""
-    async def check(principal: PrincipalDep) -> Principal:
-        return _check(principal, roles)
-    return Depends(check)
+async def get_principal_on_loop(request: Request, session: AsyncSessionDep) -> Principal | None:
+    """The bearer token's principal for an endpoint on the async session, with no pool thread."""
+    return await session.run_sync(principal_for, bearer(request))
 
 
 def require_on_loop(roles: frozenset[Role]):
-    """`require`, for an endpoint on the async session (it shares the endpoint's session and transaction)."""
-    async def check(principal: Annotated[Principal, Depends(get_principal_on_loop)]) -> Principal:
-        return _check(principal, roles)
+    """A dependency that admits only `roles` (bearer header), for an endpoint on the async session (it
+    shares the endpoint's session and transaction): a bad token is a 401 before the body is looked at."""
+    async def check(principal: Annotated[Principal | None, Depends(get_principal_on_loop)]) -> Principal:
+        return admitted(principal, roles)
     return Depends(check)
 
 
-def require_ui(roles: frozenset[Role]):
-    """A dependency for the UI's GET pages that admits only `roles` (header or UI cookie)."""
-    async def check(principal: UiPrincipalDep) -> Principal:
-        return _check(principal, roles)
+async def get_caller(request: Request) -> Principal | None:
+    """The bearer token's principal, looked up on the loop in an async session of its own that is closed at
+    once: the request then does its work in one pool thread (`service.api.units`) holding no connection
+    while it waits for it. On the loop, so a bad token is a 401 before any parameter is looked at."""
+    async with request.app.state.async_session_factory() as session:
+        return await session.run_sync(principal_for, bearer(request))
+
+
+def caller(roles: frozenset[Role]):
+    """A dependency that admits only `roles` (bearer header) of a route whose work is one unit in a pool
+    thread. The API authenticates by the Authorization header only: a cookie rides along with any request a
+    browser makes, so it never authorises a write or a JSON read."""
+    async def check(principal: Annotated[Principal | None, Depends(get_caller)]) -> Principal:
+        return admitted(principal, roles)
     return Depends(check)

@@ -6,18 +6,21 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import callbacks, queue, reading, verifications
 from service.api import access_log
-from service.api.deps import AsyncSessionDep, Principal, SessionDep, SettingsDep, bearer, require, require_on_loop
+from service.api.deps import AsyncSessionDep, Principal, SettingsDep, bearer, caller, require_on_loop
 from service.api.errors import ERRORS
 from service.api.event_stream import MEDIA_TYPE, event_stream
+from service.api.units import json_response, one_trip
 from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT, digest
 from service.config import Settings
 from service.lifecycle import State
+from service.persistence.db import begin_read
 from service.persistence.models import Verification
 from service.report_render import to_html, to_markdown
 from service.schemas import (
@@ -42,7 +45,7 @@ REPORT_TYPES = {"application/json": {"schema": {"type": "object"}}, "text/markdo
                 "text/html": {"schema": {"type": "string"}}}
 
 
-def _visible(session: SessionDep, verification_id: str, principal: Principal) -> Verification:
+def _visible(session: Session, verification_id: str, principal: Principal) -> Verification:
     verification = reading.visible(session, verification_id,
                                    only_of=principal.name if principal.role in OWN_ONLY else None)
     if verification is None:
@@ -65,6 +68,7 @@ async def create_verification(
     body that names a host or a file may block (DNS, a mount): that, and only that, goes to a pool thread."""
     may_author = principal.role in AUTHOR_POLICIES  # a refusal is the error's own status and code (api/errors)
     if verifications.may_block(body):
+        await session.commit()  # the token's read ends first: no connection is held while admission waits
         admitted = await run_in_threadpool(verifications.admit, settings, body, may_author_policies=may_author)
     else:
         admitted = verifications.admit(settings, body, may_author_policies=may_author)
@@ -84,11 +88,14 @@ def _store(session: Session, admitted: verifications.Admitted, settings: Setting
 
 
 @router.get("/verifications/{verification_id}", response_model=VerificationOut)
-def read_verification(verification_id: VerificationId, request: Request, session: SessionDep,
-                      principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> VerificationOut:
-    verification = _visible(session, verification_id, principal)
-    access_log.record(session, request, principal, "read_verification", verification.id)
-    return verifications.to_out(session, verification)
+async def read_verification(verification_id: VerificationId, request: Request,
+                            principal: Annotated[Principal, caller(READ_OWN_OR_ANY)]) -> Response:
+    def read(session: Session) -> Response:
+        verification = _visible(session, verification_id, principal)
+        answer = json_response(verifications.to_out(session, verification))
+        access_log.record(session, request, principal, "read_verification", verification.id)
+        return answer
+    return await one_trip(request, read)
 
 
 @router.get("/verifications", response_model=VerificationList)
@@ -122,32 +129,39 @@ async def list_verifications(
 
 def _list_page(session: Session, request: Request, principal: Principal, filters: reading.ListFilters,
                limit: int, cursor: str | None) -> Response:
+    begin_read(session)
     rows, next_cursor = reading.page(session, filters, limit=limit, cursor=cursor)
-    access_log.record(session, request, principal, "list_verifications")
     items = [verifications.to_out(session, row, with_blockers=False) for row in rows]
-    page = VerificationList(items=items, next_cursor=next_cursor)
-    return Response(page.model_dump_json().encode(), media_type="application/json")
+    access_log.record(session, request, principal, "list_verifications")
+    return json_response(VerificationList(items=items, next_cursor=next_cursor))
 
 
 @router.get("/verifications/{verification_id}/report", response_model=None,
             responses={200: {"description": "the report: JSON, or by Accept text/markdown or text/html",
                              "content": REPORT_TYPES}})
-def read_report(verification_id: VerificationId, request: Request, session: SessionDep,
-                principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> Any:
-    verification = _visible(session, verification_id, principal)
-    verdict = reading.verdict_of(session, verification)
-    if verdict is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no verdict yet (state {verification.state})")
-    access_log.record(session, request, principal, "read_report", verification.id)
+async def read_report(verification_id: VerificationId, request: Request,
+                      principal: Annotated[Principal, caller(READ_OWN_OR_ANY)]) -> Response:
     accept = request.headers.get("accept", "application/json")
-    origin = verification.policy_origin
-    if "text/markdown" in accept:
-        return PlainTextResponse(to_markdown(verification.id, verdict.report, origin), media_type="text/markdown")
-    if "text/html" in accept:
-        return HTMLResponse(to_html(verification.id, verdict.report, origin))
-    return reading.served_report(verification, verdict.report)
+
+    def read(session: Session) -> Response:
+        verification = _visible(session, verification_id, principal)
+        verdict = reading.verdict_of(session, verification)
+        if verdict is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no verdict yet (state {verification.state})")
+        origin = verification.policy_origin
+        if "text/markdown" in accept:
+            answer: Response = PlainTextResponse(to_markdown(verification.id, verdict.report, origin),
+                                                 media_type="text/markdown")
+        elif "text/html" in accept:
+            answer = HTMLResponse(to_html(verification.id, verdict.report, origin))
+        else:
+            answer = JSONResponse(reading.served_report(verification, verdict.report))
+        access_log.record(session, request, principal, "read_report", verification.id)
+        return answer
+    return await one_trip(request, read)
 
 
+EVENTS_JSON = TypeAdapter(list[EventOut])
 EVENT_TYPES: dict[int | str, dict[str, Any]] = {200: {
     "description": "the events as JSON, or with Accept: text/event-stream as server-sent events (ending after the "
                    "terminal state or when the token is revoked; Last-Event-ID resumes)",
@@ -156,50 +170,64 @@ EVENT_TYPES: dict[int | str, dict[str, Any]] = {200: {
 
 
 @router.get("/verifications/{verification_id}/events", response_model=list[EventOut], responses=EVENT_TYPES)
-def read_events(verification_id: VerificationId, request: Request, session: SessionDep, settings: SettingsDep,
-                principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
-                last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=2**62)] = None) -> Any:
-    _visible(session, verification_id, principal)
-    access_log.record(session, request, principal, "read_events", verification_id)
-    if MEDIA_TYPE in request.headers.get("accept", ""):
-        session.commit()  # now: the stream must not hold this transaction (on SQLite, the write lock) open
+async def read_events(verification_id: VerificationId, request: Request, settings: SettingsDep,
+                      principal: Annotated[Principal, caller(READ_OWN_OR_ANY)],
+                      last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=2**62)] = None
+                      ) -> Response:
+    streamed = MEDIA_TYPE in request.headers.get("accept", "")
+
+    def read(session: Session) -> Response:
+        _visible(session, verification_id, principal)
+        events = None if streamed else reading.events_of(session, verification_id)
+        access_log.record(session, request, principal, "read_events", verification_id)
+        if events is not None:
+            return Response(EVENTS_JSON.dump_json(events), media_type="application/json")
+        session.commit()  # before a slot is taken: a commit that fails leaves none taken
         slots = request.app.state.stream_slots
         if not slots.take(principal.name):
             raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, f"too many open event streams (at most "
                                 f"{slots.per_principal} each, {slots.total} in all): poll the JSON form, or retry",
                                 headers={"Retry-After": str(STREAM_RETRY_SECONDS)})
+        # the stream holds no transaction: each poll is a read of its own
         return event_stream(request.app.state.session_factory, verification_id, last_event_id or 0,
                             settings.poll_seconds, token_sha256=digest(bearer(request) or ""),
-                            done=lambda: slots.give_back(principal.name))
-    return reading.events_of(session, verification_id)
+                            done=lambda: slots.give_back(principal.name), stopping=request.app.state.stopping)
+    return await one_trip(request, read)
 
 
 @router.get("/verifications/{verification_id}/callbacks", response_model=CallbacksOut)
-def read_callbacks(verification_id: VerificationId, request: Request, session: SessionDep,
-                   principal: Annotated[Principal, require(READ_OWN_OR_ANY)]) -> CallbacksOut:
+async def read_callbacks(verification_id: VerificationId, request: Request,
+                         principal: Annotated[Principal, caller(READ_OWN_OR_ANY)]) -> Response:
     """The completion callback (URL redacted) and every delivery attempt so far."""
-    verification = _visible(session, verification_id, principal)
-    access_log.record(session, request, principal, "read_callbacks", verification.id)
-    return reading.callbacks_of(session, verification)
+    def read(session: Session) -> Response:
+        verification = _visible(session, verification_id, principal)
+        answer = json_response(reading.callbacks_of(session, verification))
+        access_log.record(session, request, principal, "read_callbacks", verification.id)
+        return answer
+    return await one_trip(request, read)
 
 
 @router.post("/callback-secret", status_code=status.HTTP_201_CREATED, response_model=CallbackSecretOut)
-def create_callback_secret(response: Response, session: SessionDep,
-                           principal: Annotated[Principal, require(SUBMIT)]) -> CallbackSecretOut:
+async def create_callback_secret(request: Request, principal: Annotated[Principal, caller(SUBMIT)]) -> Response:
     """A new HMAC key for this submitter's callbacks, shown only now; it replaces the previous one."""
-    secret, created_at = callbacks.replace_secret(session, principal.name)
-    response.headers["Cache-Control"] = "no-store"
-    return CallbackSecretOut(secret=secret, created_at=created_at)
+    def replace(session: Session) -> Response:
+        secret, created_at = callbacks.replace_secret(session, principal.name)
+        return json_response(CallbackSecretOut(secret=secret, created_at=created_at), status.HTTP_201_CREATED,
+                             {"Cache-Control": "no-store"})
+    return await one_trip(request, replace)
 
 
 @router.post("/verifications/{verification_id}/cancel", response_model=VerificationOut)
-def cancel_verification(verification_id: VerificationId, session: SessionDep,
-                        principal: Annotated[Principal, require(CANCEL)]) -> VerificationOut:
-    verification = _visible(session, verification_id, principal)
-    return verifications.to_out(session, verifications.cancel(session, verification, principal.name))
+async def cancel_verification(verification_id: VerificationId, request: Request,
+                              principal: Annotated[Principal, caller(CANCEL)]) -> Response:
+    def cancel(session: Session) -> Response:
+        verification = _visible(session, verification_id, principal)
+        return json_response(verifications.to_out(session, verifications.cancel(session, verification,
+                                                                                principal.name)))
+    return await one_trip(request, cancel)
 
 
 @router.get("/queue", response_model=QueueOut)
-def read_queue(session: SessionDep, settings: SettingsDep,
-               principal: Annotated[Principal, require(OPERATE)]) -> QueueOut:
-    return queue.snapshot(session, settings)
+async def read_queue(request: Request, settings: SettingsDep,
+                     _principal: Annotated[Principal, caller(OPERATE)]) -> Response:
+    return await one_trip(request, lambda session: json_response(queue.snapshot(session, settings)))

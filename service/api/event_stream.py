@@ -6,7 +6,9 @@ terminal and its last event was sent. Between events it polls the database (a sh
 time, a read that takes no SQLite write lock, so no connection or lock is held while waiting) and sends a
 comment line now and then so that proxies keep the connection open. Streams are capped per principal and
 in total (`StreamSlots`: beyond the cap, 429), and each poll re-checks the caller's token, so revoking a
-token ends its streams.
+token ends its streams. When the server is told to stop (SIGTERM), every open stream ends at its next
+poll with a comment saying so, so shutdown never waits on a client that would wait forever: the client
+reconnects (to another replica) with `Last-Event-ID` and misses nothing.
 
 A plain `StreamingResponse` is enough for this: the format is three lines per event, the stream ends by
 itself, and Starlette already stops the generator when the client goes away. sse-starlette would add a
@@ -90,19 +92,25 @@ def _last_id(frame: bytes) -> int:
     return int(frame.split(b"\n", 1)[0].removeprefix(b"id: "))
 
 
+STOPPING = b": the server is stopping: reconnect with Last-Event-ID\n\n"
+
+
 async def _events(factory: sessionmaker[Session], verification_id: str, after: int, poll_seconds: float,
-                  token_sha256: str, done: Callable[[], None]) -> AsyncIterator[bytes]:
+                  token_sha256: str, done: Callable[[], None], stopping: threading.Event) -> AsyncIterator[bytes]:
     try:
-        async for frame in _frames(factory, verification_id, after, poll_seconds, token_sha256):
+        async for frame in _frames(factory, verification_id, after, poll_seconds, token_sha256, stopping):
             yield frame
     finally:
         done()
 
 
 async def _frames(factory: sessionmaker[Session], verification_id: str, after: int, poll_seconds: float,
-                  token_sha256: str) -> AsyncIterator[bytes]:
+                  token_sha256: str, stopping: threading.Event) -> AsyncIterator[bytes]:
     quiet = 0.0
     while True:
+        if stopping.is_set():
+            yield STOPPING
+            return
         try:
             state, frames = await run_in_threadpool(_read, factory, verification_id, after, token_sha256)
         except (db_errors.OperationalError, db_errors.TimeoutError):
@@ -127,8 +135,8 @@ async def _frames(factory: sessionmaker[Session], verification_id: str, after: i
 
 
 def event_stream(factory: sessionmaker[Session], verification_id: str, after: int, poll_seconds: float, *,
-                 token_sha256: str, done: Callable[[], None]) -> StreamingResponse:
-    """The stream; `done` runs once it ends (the slot it holds is given back)."""
-    return StreamingResponse(_events(factory, verification_id, after, poll_seconds, token_sha256, done),
+                 token_sha256: str, done: Callable[[], None], stopping: threading.Event) -> StreamingResponse:
+    """The stream; `done` runs once it ends (the slot it holds is given back); it ends when `stopping` is set."""
+    return StreamingResponse(_events(factory, verification_id, after, poll_seconds, token_sha256, done, stopping),
                              media_type=MEDIA_TYPE,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from service.api import access_log
-from service.api.deps import Principal, SessionDep, SettingsDep, require
+from service.api.deps import Principal, SettingsDep, caller
 from service.api.errors import ERRORS
+from service.api.units import one_trip
 from service.attestations import KeyFileError, active_signing_key
 from service.auth import OWN_ONLY, READ_OWN_OR_ANY
 from service.config import Settings
@@ -49,25 +50,25 @@ async def export_filters(
                              "column), and a last line counts them ({\"skipped_rows\": n})",
                              "content": EXPORT_TYPES},
                        503: {**ERRORS[400], "description": "attestation=true, and the signing key cannot be loaded"}})
-def export_verdicts(
-    request: Request, session: SessionDep, settings: SettingsDep,
-    principal: Annotated[Principal, require(READ_OWN_OR_ANY)],
+async def export_verdicts(
+    request: Request, settings: SettingsDep, principal: Annotated[Principal, caller(READ_OWN_OR_ANY)],
     filters: Annotated[ListFilters, Depends(export_filters)],
     format: Format | None = None,
     attestation: Annotated[bool, Query(description="add each verdict's signed DSSE envelope (`attestation`) and its "
                                                    "signed SLSA verification summary (`vsa`)")] = False,
-) -> StreamingResponse:
+) -> Response:
     """Streamed: the status and headers go out before the first row is read. Submitters export only
     their own verdicts; the export is one entry in the access log."""
-    return stream_export(request, session, settings, principal, filters,
-                         format or ("csv" if "text/csv" in request.headers.get("accept", "") else "jsonl"),
-                         attestation)
+    chosen = format or ("csv" if "text/csv" in request.headers.get("accept", "") else "jsonl")
+    return await one_trip(request, lambda session: stream_export(
+        request, session, settings, principal, filters, chosen, attestation))
 
 
 def stream_export(request: Request, session: Session, settings: Settings, principal: Principal,
                   filters: ListFilters, fmt: Format, with_attestation: bool) -> StreamingResponse:
-    """Log the export and commit before streaming: the rows are read in sessions of their own, and the
-    request's session holds no connection (on SQLite, no write lock) while the download runs."""
+    """Log the export in the caller's request unit, which commits before the stream starts: the rows are read
+    in short transactions of their own, and the request holds no connection (on SQLite, no write lock) while
+    the download runs."""
     if principal.role in OWN_ONLY:
         filters = replace(filters, submitted_by=principal.name)
     if with_attestation:
@@ -76,7 +77,6 @@ def stream_export(request: Request, session: Session, settings: Settings, princi
         except KeyFileError as exc:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"attestation signing key: {exc}") from exc
     access_log.record(session, request, principal, "export_verdicts")
-    session.commit()
     chunks = verdict_chunks(request.app.state.session_factory, settings, filters, fmt,
                             with_attestation=with_attestation)
     extension = "csv" if fmt == "csv" else "jsonl"

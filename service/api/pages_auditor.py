@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -18,9 +18,11 @@ from sqlalchemy.orm import Session
 
 from service import reading
 from service.api import access_log, exports
-from service.api.deps import Principal, SessionDep, SettingsDep
+from service.api.deps import Principal, SettingsDep
 from service.api.pages_html import message_page, page_principal
+from service.api.units import one_trip
 from service.attestations import KeyFileError, attestation_for
+from service.persistence.clock import in_utc
 from service.persistence.cursors import InvalidCursorError
 from service.persistence.models import Verification
 from service.report_render import to_html
@@ -46,11 +48,14 @@ PAGE_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def _moment(value: str) -> datetime:
-    """A form's date and time (a datetime-local input sends no zone: UTC is meant), or full ISO 8601."""
+    """A form's date and time (a datetime-local input sends no zone: UTC is meant), or full ISO 8601, as an
+    instant in UTC (ValueError also for one its offset carries outside year 1..9999)."""
     if not re.match(r"\d{4}-\d{2}-\d{2}", value):
         raise ValueError(value)
-    moment = datetime.fromisoformat(value)
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    try:
+        return in_utc(datetime.fromisoformat(value))
+    except OverflowError as exc:
+        raise ValueError(value) from exc
 
 
 def parse_search(values: dict[str, str]) -> tuple[reading.ListFilters, list[str]]:
@@ -87,31 +92,34 @@ def _search_query(values: dict[str, str]) -> str:
 
 
 @router.get("/auditor", response_class=HTMLResponse, response_model=None, responses=PAGE_RESPONSES)
-def auditor_page(request: Request, session: SessionDep, artifact_sha256: SearchText = "",
-                 source_uri: SearchText = "", verdict: SearchText = "", since: SearchText = "",
-                 until: SearchText = "", policy: SearchText = "",
-                 cursor: Annotated[str | None, Query(max_length=256)] = None) -> HTMLResponse:
+async def auditor_page(request: Request, artifact_sha256: SearchText = "",
+                       source_uri: SearchText = "", verdict: SearchText = "", since: SearchText = "",
+                       until: SearchText = "", policy: SearchText = "",
+                       cursor: Annotated[str | None, Query(max_length=256)] = None) -> HTMLResponse:
     """Newest first, a page at a time; every verdict links to its report and attestation."""
-    principal = page_principal(request, session, PAGE)
-    if isinstance(principal, HTMLResponse):
-        return principal
     values = {"artifact_sha256": artifact_sha256, "source_uri": source_uri, "verdict": verdict, "since": since,
               "until": until, "policy": policy}
     filters, errors = parse_search(values)
-    rows: list[Verification] = []
-    next_cursor = None
-    if not errors:
-        try:
-            rows, next_cursor = reading.page(session, filters, limit=PAGE_ROWS, cursor=cursor)
-        except InvalidCursorError:
-            errors.append("the page link is not one this service made: search again")
-    if not errors:
-        access_log.record(session, request, principal, "list_verifications")
     query = _search_query(values)
-    page = render("auditor.html", title="convgate verdicts", values=values, errors=errors, rows=rows,
-                  export_links={fmt: _link("/ui/export", query, {"format": fmt}) for fmt in ("csv", "jsonl")},
-                  next_link=_link(PAGE, query, {"cursor": next_cursor}) if next_cursor else None)
-    return HTMLResponse(page, status_code=400 if errors else 200)
+
+    def page(session: Session) -> HTMLResponse:
+        principal = page_principal(request, session, PAGE)
+        if isinstance(principal, HTMLResponse):
+            return principal
+        rows: list[Verification] = []
+        next_cursor = None
+        if not errors:
+            try:
+                rows, next_cursor = reading.page(session, filters, limit=PAGE_ROWS, cursor=cursor)
+            except InvalidCursorError:
+                errors.append("the page link is not one this service made: search again")
+        html = render("auditor.html", title="convgate verdicts", values=values, errors=errors, rows=rows,
+                      export_links={fmt: _link("/ui/export", query, {"format": fmt}) for fmt in ("csv", "jsonl")},
+                      next_link=_link(PAGE, query, {"cursor": next_cursor}) if next_cursor else None)
+        if not errors:
+            access_log.record(session, request, principal, "list_verifications")
+        return HTMLResponse(html, status_code=400 if errors else 200)
+    return await one_trip(request, page)
 
 
 def _verdict_or_page(request: Request, session: Session,
@@ -127,53 +135,61 @@ def _verdict_or_page(request: Request, session: Session,
 
 @router.get("/verifications/{verification_id}/report", response_class=HTMLResponse, response_model=None,
             responses=PAGE_RESPONSES)
-def report_page(verification_id: VerificationId, request: Request, session: SessionDep) -> HTMLResponse:
+async def report_page(verification_id: VerificationId, request: Request) -> HTMLResponse:
     """The rendered report (GET /v1/verifications/{id}/report as text/html), for a signed-in browser."""
-    found = _verdict_or_page(request, session, verification_id)
-    if isinstance(found, HTMLResponse):
-        return found
-    principal, verification = found
-    verdict = reading.verdict_of(session, verification)
-    if verdict is None:
-        return message_page("no verdict yet", 404)
-    access_log.record(session, request, principal, "read_report", verification.id)
-    return HTMLResponse(to_html(verification.id, verdict.report, verification.policy_origin))
+    def page(session: Session) -> HTMLResponse:
+        found = _verdict_or_page(request, session, verification_id)
+        if isinstance(found, HTMLResponse):
+            return found
+        principal, verification = found
+        verdict = reading.verdict_of(session, verification)
+        if verdict is None:
+            return message_page("no verdict yet", 404)
+        html = to_html(verification.id, verdict.report, verification.policy_origin)
+        access_log.record(session, request, principal, "read_report", verification.id)
+        return HTMLResponse(html)
+    return await one_trip(request, page)
 
 
 @router.get("/verifications/{verification_id}/attestation", response_model=None,
             responses={200: {"description": "the DSSE envelope, as a download",
                              "content": {"application/json": {"schema": {"type": "object"}}}}, **PAGE_RESPONSES})
-def attestation_download(verification_id: VerificationId, request: Request, session: SessionDep,
-                         settings: SettingsDep) -> Response:
+async def attestation_download(verification_id: VerificationId, request: Request,
+                               settings: SettingsDep) -> Response:
     """GET /v1/verifications/{id}/attestation's envelope, saved as `<id>.intoto.jsonl` by the browser."""
-    found = _verdict_or_page(request, session, verification_id)
-    if isinstance(found, HTMLResponse):
-        return found
-    principal, verification = found
-    try:
-        envelope = attestation_for(session, settings, verification)
-    except KeyFileError as exc:
-        return message_page(f"attestation signing key: {exc}", 503)
-    if envelope is None:
-        return message_page("no verdict yet", 404)
-    access_log.record(session, request, principal, "read_attestation", verification.id)
-    return Response(json.dumps(envelope, separators=(",", ":")), media_type="application/json",
-                    headers={"Content-Disposition": f'attachment; filename="{verification.id}.intoto.jsonl"'})
+    def download(session: Session) -> Response:
+        found = _verdict_or_page(request, session, verification_id)
+        if isinstance(found, HTMLResponse):
+            return found
+        principal, verification = found
+        try:
+            envelope = attestation_for(session, settings, verification)
+        except KeyFileError as exc:
+            return message_page(f"attestation signing key: {exc}", 503)
+        if envelope is None:
+            return message_page("no verdict yet", 404)
+        access_log.record(session, request, principal, "read_attestation", verification.id)
+        return Response(json.dumps(envelope, separators=(",", ":")), media_type="application/json",
+                        headers={"Content-Disposition": f'attachment; filename="{verification.id}.intoto.jsonl"'})
+    return await one_trip(request, download)
 
 
 @router.get("/export", response_model=None,
             responses={200: {"description": "the search's verdicts, as GET /v1/verdicts/export streams them",
                              "content": exports.EXPORT_TYPES}, **PAGE_RESPONSES})
-def export_download(request: Request, session: SessionDep, settings: SettingsDep,
-                    artifact_sha256: SearchText = "", source_uri: SearchText = "", verdict: SearchText = "",
-                    since: SearchText = "", until: SearchText = "", policy: SearchText = "",
-                    format: exports.Format = "jsonl") -> Response:
+async def export_download(request: Request, settings: SettingsDep,
+                          artifact_sha256: SearchText = "", source_uri: SearchText = "", verdict: SearchText = "",
+                          since: SearchText = "", until: SearchText = "", policy: SearchText = "",
+                          format: exports.Format = "jsonl") -> Response:
     """The export of a search, for the page's download links (the API's export takes a bearer header)."""
-    principal = page_principal(request, session, PAGE)
-    if isinstance(principal, HTMLResponse):
-        return principal
     filters, errors = parse_search({"artifact_sha256": artifact_sha256, "source_uri": source_uri,
                                     "verdict": verdict, "since": since, "until": until, "policy": policy})
-    if errors:
-        return message_page("; ".join(errors), 400)
-    return exports.stream_export(request, session, settings, principal, filters, format, with_attestation=False)
+
+    def download(session: Session) -> Response:
+        principal = page_principal(request, session, PAGE)
+        if isinstance(principal, HTMLResponse):
+            return principal
+        if errors:
+            return message_page("; ".join(errors), 400)
+        return exports.stream_export(request, session, settings, principal, filters, format, with_attestation=False)
+    return await one_trip(request, download)

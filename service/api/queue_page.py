@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import UI_COOKIE, Principal, SessionDep, SettingsDep, principal_for, require_ui
+from service.api.deps import UI_COOKIE, SettingsDep, admitted, principal_by_digest, principal_for, ui_token_sha256
 from service.api.pages_html import PAGES, login_page, page_principal, safe_next
 from service.api.ui_sessions import SESSION_SECONDS
+from service.api.units import one_trip
 from service.attestations import KeyFileError
 from service.auth import OPERATE
 from service.config import Settings
@@ -91,7 +91,7 @@ def login_form() -> HTMLResponse:
                         429: {"description": "too many sign-in attempts from this address or for this token "
                                               "prefix: retry after `Retry-After` seconds"},
                         503: {"description": "the database or the signing key is unavailable"}})
-async def login(request: Request, session: SessionDep) -> Response:
+async def login(request: Request) -> Response:
     """Sign in with a token in the form body; sets the UI cookie for the roles of the page it returns to."""
     if _cross_site(request):
         return login_page("sign-in from another site refused", 403)
@@ -110,20 +110,23 @@ async def login(request: Request, session: SessionDep) -> Response:
         refused = login_page("too many sign-in attempts: wait and try again", 429, target)
         refused.headers["Retry-After"] = str(int(wait))
         return refused
-    # the lookup waits on the database (on SQLite, for its write lock): never on the event loop
-    principal = await run_in_threadpool(principal_for, session, secret)
-    if principal is None:
-        return login_page("not a valid token", 401, target)
-    if principal.role not in roles:
-        return login_page(f"role {principal.role} may not {what}", 403, target)
-    try:
-        cookie = await run_in_threadpool(request.app.state.ui_sessions.issue, secret)  # first use reads the key
-    except KeyFileError as exc:
-        return login_page(f"sign-in unavailable: the signing key cannot be loaded ({exc})", 503, target)
-    redirect = RedirectResponse(target, status_code=303)
-    redirect.set_cookie(UI_COOKIE, cookie, max_age=SESSION_SECONDS, path="/ui", secure=True, httponly=True,
-                        samesite="strict")
-    return redirect
+
+    def sign_in(session: Session) -> Response:
+        """The lookup waits on the database, and the cookie's first use reads the key: never on the loop."""
+        principal = principal_for(session, secret)
+        if principal is None:
+            return login_page("not a valid token", 401, target)
+        if principal.role not in roles:
+            return login_page(f"role {principal.role} may not {what}", 403, target)
+        try:
+            cookie = request.app.state.ui_sessions.issue(secret)
+        except KeyFileError as exc:
+            return login_page(f"sign-in unavailable: the signing key cannot be loaded ({exc})", 503, target)
+        redirect = RedirectResponse(target, status_code=303)
+        redirect.set_cookie(UI_COOKIE, cookie, max_age=SESSION_SECONDS, path="/ui", secure=True, httponly=True,
+                            samesite="strict")
+        return redirect
+    return await one_trip(request, sign_in)
 
 
 @router.post("/logout", response_model=None, responses={303: {"description": "signed out: on to /ui/login"}})
@@ -135,14 +138,19 @@ def logout() -> Response:
 
 @router.get("/queue", response_class=HTMLResponse, response_model=None,
             responses={401: {"description": "not signed in: the sign-in form"}})
-def queue_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
-    principal = page_principal(request, session, "/ui/queue")
-    if isinstance(principal, HTMLResponse):
-        return principal
-    return HTMLResponse(render("queue.html", title="convgate queue", **_snapshot(session, settings)))
+async def queue_page(request: Request, settings: SettingsDep) -> HTMLResponse:
+    def page(session: Session) -> HTMLResponse:
+        principal = page_principal(request, session, "/ui/queue")
+        if isinstance(principal, HTMLResponse):
+            return principal
+        return HTMLResponse(render("queue.html", title="convgate queue", **_snapshot(session, settings)))
+    return await one_trip(request, page)
 
 
 @router.get("/queue/table", response_class=HTMLResponse)
-def queue_table(session: SessionDep, settings: SettingsDep,
-                principal: Annotated[Principal, require_ui(OPERATE)]) -> HTMLResponse:
-    return HTMLResponse(render("queue_snapshot.html", **_snapshot(session, settings)))
+async def queue_table(request: Request, settings: SettingsDep) -> HTMLResponse:
+    """The table the page refreshes in place: the header's token or the pages' cookie."""
+    def table(session: Session) -> HTMLResponse:
+        admitted(principal_by_digest(session, ui_token_sha256(request)), OPERATE)
+        return HTMLResponse(render("queue_snapshot.html", **_snapshot(session, settings)))
+    return await one_trip(request, table)

@@ -11,6 +11,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service.persistence.clock import now
+from service.persistence.db import writing
 from service.persistence.models import Attestation
 
 
@@ -19,7 +20,9 @@ def envelope_for(session: Session, verification_id: str) -> dict[str, Any] | Non
 
 
 def store_once(session: Session, verification_id: str, keyid: str, envelope: dict[str, Any]) -> dict[str, Any]:
-    """Insert unless a row exists (ON CONFLICT DO NOTHING on both databases), then return the stored envelope."""
+    """Insert unless a row exists (ON CONFLICT DO NOTHING on both databases), then return the stored envelope,
+    read inside the write (`writing`: in a request unit on SQLite, its read ends here)."""
+    writing(session)
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     session.execute(insert(Attestation).values(verification_id=verification_id, keyid=keyid, envelope=envelope,
                                                created_at=now(session))

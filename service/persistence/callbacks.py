@@ -15,6 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from service.lifecycle import TERMINAL
 from service.persistence.clock import now
+from service.persistence.db import writing
 from service.persistence.models import CallbackDelivery, CallbackSecret, Verification
 
 
@@ -25,6 +26,7 @@ class CallbackState(StrEnum):
 
 
 def replace_secret(session: Session, submitter: str, secret: str) -> CallbackSecret:
+    writing(session)  # read and replaced in one write transaction: two at once cannot both insert
     row = session.get(CallbackSecret, submitter)
     if row is None:
         row = CallbackSecret(submitter=submitter, secret=secret, created_at=now(session))
@@ -46,8 +48,15 @@ def _due(moment: datetime) -> list[ColumnElement[bool]]:
 
 def due(session: Session, limit: int) -> list[str]:
     """Verifications whose callback should be attempted now, longest waiting first."""
-    return list(session.scalars(select(Verification.id).where(*_due(now(session)))
-                                .order_by(Verification.callback_due_at, Verification.id).limit(limit)))
+    return [verification_id for verification_id, _url in due_with_urls(session, limit)]
+
+
+def due_with_urls(session: Session, limit: int) -> list[tuple[str, str]]:
+    """(verification id, callback URL) of the callbacks that should be attempted now, longest waiting first:
+    the sender picks at most one per receiver from them (`service.callbacks_loop`)."""
+    rows = session.execute(select(Verification.id, Verification.callback_url).where(*_due(now(session)))
+                           .order_by(Verification.callback_due_at, Verification.id).limit(limit))
+    return [(verification_id, url) for verification_id, url in rows if url]  # a pending callback has its URL
 
 
 def claim(session: Session, verification_id: str, lease: timedelta) -> bool:

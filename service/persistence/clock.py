@@ -53,3 +53,9 @@ def as_utc(moment: datetime | None) -> datetime | None:
     if moment is None or moment.tzinfo is not None:
         return moment
     return moment.replace(tzinfo=UTC)
+
+
+def in_utc(moment: datetime) -> datetime:
+    """`moment` as an aware UTC time (a naive one is UTC already, as `as_utc` reads it); OverflowError when
+    its offset carries it outside year 1..9999 in UTC."""
+    return as_utc(moment).astimezone(UTC)

@@ -2,7 +2,13 @@
 transaction handling is switched off and every transaction starts with BEGIN IMMEDIATE (the recipe
 in SQLAlchemy's pysqlite notes), so the write lock is held from a transaction's first statement
 and a read-then-write inside it is fenced; plus foreign keys, WAL and a busy timeout, so writers
-wait for each other instead of failing at once."""
+wait for each other instead of failing at once.
+
+A request's unit of work (`request_unit`) is the exception: it begins as a read (on SQLite a deferred
+transaction, which in WAL mode neither takes nor waits for the write lock) and becomes a write only
+when it is about to write (`writing`), in the same thread that then commits. A request that took the
+write lock at its first read held it while it waited for anything else (a thread for its response, a
+slow client), and under load every other request waited for it."""
 
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 READ_ONLY = "convgate_read_only"  # an execution option: this transaction only reads (SQLite: no write lock)
-API_THREADS = 40  # the API's threadpool for sync endpoints and dependencies (anyio's default; app.py sets it)
+API_THREADS = 40  # the API's threadpool for request units and streams' polls (anyio's default; app.py sets it)
+BACKGROUND_CONNECTIONS = 10  # beyond one per API thread: the dispatch and callback loops and their workers
 ASYNC_CONNECTIONS = 16  # kept by the async engine (and as many more opened under a burst)
 
 
@@ -50,17 +57,22 @@ def _sqlite_transactions(engine: Engine, busy_timeout_seconds: float) -> None:
         connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
 
-def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS) -> Engine:
+def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS,
+                threads: int = API_THREADS) -> Engine:
+    """As many kept connections as the API has threads (`threads`), on SQLite too: a request uses one
+    connection in one thread (`request_unit`), so no thread ever waits for a connection another request
+    holds. On Postgres a connection the pool cannot keep is closed on return and reopened by the next
+    request (a backend fork and a SCRAM handshake; with 10 kept, ~15% of submissions under 32 concurrent
+    clients opened one). SQLite's default pool kept 5 and opened at most 15: 25 of 40 threads waited
+    for one while the holders waited for threads. The overflow is the background loops'."""
+    pool = {"pool_size": threads, "max_overflow": BACKGROUND_CONNECTIONS}
     if url.startswith("sqlite"):
         _sqlite_file(url)
-        engine = create_engine(url, connect_args={"timeout": busy_timeout_seconds, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": busy_timeout_seconds, "check_same_thread": False},
+                               **pool)
         _sqlite_transactions(engine, busy_timeout_seconds)
         return engine
-    # As many kept connections as the API has threads: a connection the pool cannot keep is closed on
-    # return and reopened by the next request (a backend fork and a SCRAM handshake; with 10 kept, ~15%
-    # of submissions under 32 concurrent clients opened one); the overflow covers requests that hold a
-    # connection while waiting for their next thread.
-    return create_engine(url, pool_size=API_THREADS, max_overflow=10, pool_pre_ping=True)
+    return create_engine(url, **pool, pool_pre_ping=True)
 
 
 def make_async_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS) -> AsyncEngine:
@@ -73,8 +85,8 @@ def make_async_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIM
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         _sqlite_file(url)
-        engine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"),
-                                     connect_args={"timeout": busy_timeout_seconds})
+        engine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"), pool_size=ASYNC_CONNECTIONS,
+                                     max_overflow=ASYNC_CONNECTIONS, connect_args={"timeout": busy_timeout_seconds})
         _sqlite_transactions(engine.sync_engine, busy_timeout_seconds)
         return engine
     return create_async_engine(parsed.set(drivername="postgresql+psycopg"), pool_size=ASYNC_CONNECTIONS,
@@ -106,20 +118,43 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         session.close()
 
 
-def _read_only(session: Session) -> None:
+def begin_read(session: Session) -> None:
     """Begin `session`'s transaction as a read: on SQLite a deferred one, which in WAL mode never waits for
     a writer and never holds the write lock (a read that took it, then crossed to another thread, held
-    every other request behind it)."""
-    session.connection(execution_options={READ_ONLY: True})
+    every other request behind it). `writing` ends it before the unit writes. A transaction already open
+    (on Postgres, the one the token was read in) goes on as it is."""
+    if not session.in_transaction():
+        session.connection(execution_options={READ_ONLY: True})
 
 
 @contextmanager
 def read_transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A unit of work that only reads (a stream's poll): no write lock, nothing to commit."""
     with transaction(factory) as session:
-        _read_only(session)
+        begin_read(session)
         yield session
 
+
+@contextmanager
+def request_unit(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A request's unit of work, from its first statement to its commit in one thread (the caller's): it
+    begins as a read, and `writing` makes it a write just before it writes. Committed when the block ends,
+    rolled back if it raises; the connection is back in the pool before the caller does anything else."""
+    with transaction(factory) as session:
+        begin_read(session)
+        yield session
+
+
+def writing(session: Session) -> None:
+    """The unit is about to write. On SQLite its read transaction ends here and the next statement begins
+    BEGIN IMMEDIATE (waiting for the write lock, if another holds it, for the busy timeout): a deferred
+    transaction that writes would fail at once, not wait, if another writer had committed since it began
+    reading. What the write depends on must be read after this call, inside the write transaction. On
+    Postgres nothing changes: one transaction, row locks taken by the statements that write."""
+    if session.get_bind().dialect.name != "sqlite" or not session.in_transaction():
+        return
+    if session.connection().get_execution_options().get(READ_ONLY, False):
+        session.commit()
 
 def read_first(session: Session, query: Callable[[Session], T]) -> T:
     """`query` as a read of its own before the request's unit of work begins (the token lookup): on SQLite
@@ -127,7 +162,7 @@ def read_first(session: Session, query: Callable[[Session], T]) -> T:
     writes, in the thread that commits; elsewhere inside the request's own transaction (one round trip)."""
     if session.get_bind().dialect.name != "sqlite" or session.in_transaction():
         return query(session)
-    _read_only(session)
+    begin_read(session)
     try:
         return query(session)
     finally:

@@ -15,8 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
-from service.lifecycle import TERMINAL, State
-from service.persistence.clock import as_utc
+from service.lifecycle import TERMINAL
 from service.persistence.models import Verdict, Verification
 
 COLUMNS = (
@@ -41,14 +40,3 @@ def recent_finished(session: Session, limit: int = 20, per_state: int = 50) -> l
 def _finished_key(row: Row[Any]) -> tuple[datetime, str]:
     return (row.finished_at or row.created_at, row.id)
 
-
-def recent_run_seconds(session: Session, limit: int = 50) -> list[float]:
-    """How long the latest `limit` completed verifications ran (worker start to verdict), through the
-    (state, created_at) index; a reused verdict did not run and is not counted."""
-    rows = session.execute(
-        select(Verification.started_at, Verification.finished_at)
-        .where(Verification.state == State.COMPLETED, Verification.started_at.is_not(None),
-               Verification.finished_at.is_not(None))
-        .order_by(Verification.created_at.desc()).limit(limit)).all()
-    return [max(0.0, (as_utc(finished) - as_utc(started)).total_seconds()) for started, finished in rows
-            if started is not None and finished is not None]

@@ -17,6 +17,7 @@ from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Re
 from service.persistence import submission_insert
 from service.persistence.clock import as_utc, now
 from service.persistence.cursors import decode_verification_cursor, encode_verification_cursor
+from service.persistence.db import writing
 from service.persistence.models import (
     FileDigestRecord,
     GateResultRow,
@@ -340,6 +341,7 @@ def release_evicted(session: Session, verification_id: str, attempt: int, detail
 def cancel(session: Session, verification_id: str, by: str) -> Verification | None:
     """Cancel unless it already ended; returns the verification as it now is (a verdict that was
     committed first wins, and is what the caller sees)."""
+    writing(session)
     cancelled = _apply(session, Action.CANCEL, verification_id, reason=Reason.CANCELLED,
                        message=f"cancelled by {by}", detail=f"cancelled by {by}", finished_at=now(session),
                        progress=None)

@@ -31,8 +31,8 @@ def reusable(session: Session, key: str, same_verifier: Callable[[object], bool]
     the run that produced its verdict."""
     query = (select(Verification.id, Verification.reused_from, Verdict.id, Verdict.verdict,
                     Verdict.report["environment"])
-             .join(Verdict, Verdict.verification_id == Verification.id)
-             .where(Verification.reuse_key == key, Verification.state == State.COMPLETED))
+             .where(Verdict.verification_id == Verification.id, Verification.reuse_key == key,
+                    Verification.state == State.COMPLETED))
     if submitted_by is not None:
         query = query.where(Verification.submitted_by == submitted_by)
     rows = session.execute(query.order_by(Verification.created_at.desc()).limit(CANDIDATES))
@@ -56,7 +56,7 @@ def insert_reused(session: Session, found: Reusable, **columns: Any) -> Verifica
         select(literal(verification.id), literal(0), Verdict.verdict, Verdict.blocker_codes, Verdict.report,
                literal(row["created_at"], Verdict.created_at.type)).where(Verdict.id == found.verdict_id)))
     session.execute(insert(VerificationEvent), {
-        "verification_id": verification.id, "at": row["created_at"], "from_state": None,
+        "verification_id": verification.id, "at": row["created_at"],  # no from_state: born completed
         "to_state": State.COMPLETED, "attempt": 0, "reason_code": Reason.VERDICT,
         "message": f"verdict {found.verdict} reused from {found.original_id} (same pinned inputs, policy and "
                    "verifier; no Job)"})

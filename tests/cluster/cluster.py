@@ -183,12 +183,15 @@ class Cluster(KueueControl):
     procs: dict[str, Proc] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     kueue_frameworks: list[str] = field(default_factory=lambda: ["batch/job"])
+    kueue_multikueue: dict[str, Any] | None = None  # a MultiKueue manager's `multiKueue` configuration
     _api: Api | None = None
     _secret_sync_stop: threading.Event | None = None
 
     # --- construction ------------------------------------------------------------------------
     @classmethod
-    def start(cls, bindir: Path | None = None, workdir: Path | None = None) -> Cluster:
+    def start(cls, bindir: Path | None = None, workdir: Path | None = None, *,
+              multikueue: dict[str, Any] | None = None) -> Cluster:
+        """`multikueue`: run Kueue as a MultiKueue manager with this configuration (tests/cluster/multikueue.py)."""
         t0 = time.monotonic()
         bindir = bindir or find_binaries()
         workdir = workdir or Path(tempfile.mkdtemp(prefix="convgate-cluster-"))
@@ -198,6 +201,7 @@ class Cluster(KueueControl):
             workdir=workdir, bindir=bindir, pki=Pki.create(workdir / "pki", node_ips=(ip,)), node_ip=ip,
             etcd_port=free_port(), api_port=free_port(), kcm_port=free_port(),
             kueue_webhook_port=free_port(), kueue_visibility_port=free_port(), kueue_health_port=free_port(),
+            kueue_multikueue=multikueue,
         )
         try:
             c._write_kubeconfig()
@@ -380,6 +384,18 @@ class Cluster(KueueControl):
             "--v=1",
         ])
         self._wait("kube-apiserver", "/readyz", lambda: self.api.get("/readyz") == "ok", 90)
+
+    def stop_apiserver(self) -> None:
+        """The API server goes away (etcd keeps the data): what a cluster that becomes unreachable looks like
+        to its clients, a MultiKueue manager among them."""
+        proc = self.procs.pop("kube-apiserver", None)
+        if proc:
+            proc.stop(timeout=2.0)
+
+    def restart_apiserver(self) -> None:
+        """The API server back on the same port, with the same certificates and data."""
+        if "kube-apiserver" not in self.procs:
+            self._start_apiserver()
 
     @property
     def audit_log(self) -> Path:

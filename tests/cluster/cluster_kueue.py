@@ -36,6 +36,7 @@ class KueueControl:
     procs: dict[str, Proc]
     timings: dict[str, float]
     kueue_frameworks: list[str]
+    kueue_multikueue: dict[str, Any] | None
     kueue_webhook_port: int
     kueue_visibility_port: int
     kueue_health_port: int
@@ -87,6 +88,7 @@ class KueueControl:
             health_port=self.kueue_health_port,
             cert_dir=self.workdir / "kueue-certs",
             frameworks=self.kueue_frameworks,
+            multikueue=self.kueue_multikueue,
         )
         cfg_path = self.workdir / "kueue-config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))

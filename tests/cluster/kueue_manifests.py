@@ -120,10 +120,13 @@ def render(config: Path, *, webhook_port: int, visibility_port: int) -> list[dic
 
 
 def configuration(
-    *, webhook_port: int, visibility_port: int, health_port: int, cert_dir: Path, frameworks: list[str]
+    *, webhook_port: int, visibility_port: int, health_port: int, cert_dir: Path, frameworks: list[str],
+    multikueue: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A config.kueue.x-k8s.io/v1beta2 Configuration for the local process."""
-    return {
+    """A config.kueue.x-k8s.io/v1beta2 Configuration for the local process; `multikueue` (the
+    Configuration's `multiKueue` stanza) for a MultiKueue manager."""
+    extra = {"multiKueue": multikueue} if multikueue is not None else {}
+    return extra | {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,

@@ -16,11 +16,15 @@ from tests.conftest import blocked_tensors, codes, defect_copy, run_gates
 from tests.gguf_rewrite import rewrite
 from tests.integration.test_gates_runtime_release import ENGLISH
 from worker.formats.gguf_structure import read_layout
+from worker.policy import Policy
 from worker.report import Report
 
 pytestmark = pytest.mark.slow
 
 GATES = {1, 2, 3}
+# phi3's fixture slides a 256-position window; llama.cpp disables Phi-3's window, so the honest file differs
+# past it (tests/integration/test_long_context.py proves that NO-GO). Here it is compared within the window.
+WITHIN_PHI3_WINDOW = Policy(long_context_tokens=256, max_context_tokens=256)
 
 
 def _go(arch: str, label: str, types: tuple[str, ...] = ("F16", "Q8_0")) -> list:
@@ -43,7 +47,8 @@ def honest(artifacts) -> Callable[[str, str], Report]:
     def get(arch: str, gguf_type: str) -> Report:
         if (arch, gguf_type) not in cache:
             source, files = artifacts[arch]
-            cache[arch, gguf_type] = run_gates(source, files[gguf_type], GATES, texts=ENGLISH)
+            policy = WITHIN_PHI3_WINDOW if arch == "phi3" else None
+            cache[arch, gguf_type] = run_gates(source, files[gguf_type], GATES, policy, texts=ENGLISH)
         return cache[arch, gguf_type]
 
     return get
@@ -75,7 +80,8 @@ def test_honest_conversion_is_go(honest, arch: str, gguf_type: str) -> None:
 def test_honest_phi3_differs_from_transformers_only_in_llama_cpps_builtin_chat_template(honest, gguf_type):
     """Phi-3-mini's template (the one llama.cpp's phi-3 vocabulary carries) drops system messages; llama.cpp's
     built-in phi3 format, which it uses without --jinja, writes them. So the honest file is NO-GO for that
-    one path, every conversation with a system message named, and correct in everything else."""
+    one path, every conversation with a system message named, and correct in everything else within its
+    window."""
     report = honest("phi3", gguf_type)
     assert {b.code for b in report.blockers} == {"chat.template_mismatch"}, report.blockers
     assert all("built-in template path" in b.why for b in report.blockers)

@@ -109,6 +109,20 @@ def test_an_architecture_transformers_cannot_build_is_a_clear_blocker(xlm_robert
     (blocker,) = [b for b in report.blockers if b.code == "source.unsupported_architecture"]
     assert "FooBarModel" in blocker.why and "foobar" in blocker.why and "\n" not in blocker.why
     assert "verifier.reference_missing" not in codes(report)
+    assert blocker.gate == "input"  # the source's defect, not the runtime's
+
+
+def test_a_source_file_gate_2_cannot_read_is_an_input_blocker_like_an_unbuildable_one(xlm_roberta: Path,
+                                                                                     tmp_path: Path) -> None:
+    """Issue 35: gate 2 mapped a SourceError to gate "runtime" before llama.cpp loaded (a tokenizer.json
+    `tokenizers` refuses) and to "input" after (an architecture transformers cannot build). One mapping now:
+    a defect of the source is an input blocker wherever gate 2 meets it."""
+    source = tmp_path / "source"
+    shutil.copytree(xlm_roberta / "source", source)
+    (source / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}')
+    report = run_gates(source, xlm_roberta / "F16.gguf", {2})
+    (blocker,) = [b for b in report.blockers if b.code == "source.bad_file"]
+    assert blocker.gate == "input" and "tokenizer.json" in blocker.why
 
 
 RERANKER = "bert (reranker, XLM-RoBERTa)"

@@ -54,13 +54,13 @@ def test_block_count_contradicting_the_tensors_is_no_go_without_loading(tiny_lla
 
 def test_a_crash_during_gate_2_is_a_no_go_named_by_its_signal(tiny_llama, monkeypatch):
     """Injected (no known file segfaults this build on demand): the child gets SIGSEGV mid-gate."""
-    original = LlamaProcess.logits
+    original = LlamaProcess.submit_logits_rows
 
-    def segfault(self, ids):  # type: ignore[no-untyped-def]
+    def segfault(self, segments):  # type: ignore[no-untyped-def]
         os.kill(self._process.pid, signal.SIGSEGV)
-        return original(self, ids)
+        return original(self, segments)
 
-    monkeypatch.setattr(LlamaProcess, "logits", segfault)
+    monkeypatch.setattr(LlamaProcess, "submit_logits_rows", segfault)
     report = run_gates(tiny_llama / "source", tiny_llama / "tiny-llama-F16.gguf", {2})
     assert report.verdict == "NO-GO"
     assert codes(report) == {"runtime.crashed"}, report.blockers

@@ -32,9 +32,13 @@ def quality(report) -> dict:  # type: ignore[no-untyped-def]
 
 @pytest.mark.coverage(arch="llama", types=GO_TYPES, imatrix=False, proves="GO", gates="1,2,3")
 @pytest.mark.parametrize("gguf_type", GO_TYPES)
-def test_honest_smollm2_conversions_are_go_and_say_what_they_cost(smollm2, gguf_type):
+def test_honest_smollm2_conversions_are_go_and_say_what_they_cost(smollm2, gguf_type, passes):
+    """A float file gate 1 proved bit-exact to the BF16 source runs one reference pass for correctness and
+    quality; a quantized one runs two."""
     report = run_gates(smollm2 / "source", smollm2 / f"smollm2-{gguf_type}.gguf", {1, 2, 3})
     assert report.verdict == "GO", report.blockers
+    expected = 1 if gguf_type in ("BF16", "F16") else 2
+    assert report.gates["runtime"].details["reference"]["passes"] == len(passes) == expected
     cost = quality(report)
     assert cost["positions"] > 100 and 0 <= cost["kl_mean"] < 0.3 and "delta_p_rms" in cost
     assert set(cost["kl_percentiles"]) >= {"p99", "p50"} and cost["ppl_ratio"] > 0

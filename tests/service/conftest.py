@@ -21,6 +21,7 @@ from service.config import Settings
 from service.persistence import tokens
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import upgrade
+from worker.policy import Policy
 
 PG_ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
 TABLES = ("callback_deliveries, callback_secrets, attestations, access_log, worker_reports, file_digests, "
@@ -70,8 +71,14 @@ def sqlite_url(tmp_path) -> str:
     return url
 
 
+# The service tests' configured default: the suite's policy without the labelled retrieval set (~30 s more
+# per MiniLM run), which the engine's own tests exercise (tests/integration/test_labelled_retrieval.py)
+SERVICE_POLICIES = {"default": Policy(labelled_retrieval=False)}
+
+
 def settings_for(url: str, tmp_path, **overrides) -> Settings:
-    return Settings(database_url=url, cache_dir=tmp_path / "cache", poll_seconds=0.1, **overrides)
+    return Settings(database_url=url, cache_dir=tmp_path / "cache", poll_seconds=0.1,
+                    **({"policies": SERVICE_POLICIES} | overrides))
 
 
 def add_token(url: str, role: Role, name: str | None = None) -> str:

@@ -105,6 +105,11 @@ class FakeCluster:
                 return self.status(409, "AlreadyExists", f'secrets "{name}" already exists')
             self.secrets[name] = body
             return 201, body
+        if path.startswith(secrets + "/") and method == "DELETE":
+            name = path.rsplit("/", 1)[1]
+            if self.secrets.pop(name, None) is None:
+                return self.status(404, "NotFound", f'secrets "{name}" not found')
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name}}
         if path == base and method == "GET":
             return 200, {"apiVersion": "batch/v1", "kind": "JobList", "metadata": {"resourceVersion": "7"},
                          "items": list(self.jobs.values())}

@@ -147,20 +147,24 @@ def test_a_submission_loads_no_orm_object(pg):
 
 def test_serve_uses_the_c_http_parser_and_event_loop_without_access_log(monkeypatch, tmp_path):
     """uvicorn's pure-Python h11 parser and asyncio's loop cost the server CPU on every request; its
-    access log is below the server's log level anyway, so it is only work."""
+    access log is below the server's log level anyway, so it is only work. The parser is httptools, in the
+    protocol class that times out slow clients (service/api/serving.py)."""
     import uvicorn
     from typer.testing import CliRunner
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from service.cli import app as cli
 
     seen: dict[str, object] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda _app, **options: seen.update(options))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server: seen.update(config=server.config))
     monkeypatch.setattr(gc, "freeze", lambda: seen.update(frozen=True))  # this test process's collector stays
     monkeypatch.setattr(gc, "set_threshold", lambda *thresholds: seen.update(thresholds=thresholds))
     monkeypatch.setenv("CONVGATE_DATABASE_URL", f"sqlite:///{tmp_path / 'c.db'}")
     result = CliRunner().invoke(cli, ["serve", "--no-migrate"])
     assert result.exit_code == 0, result.output
-    assert (seen.get("http"), seen.get("loop"), seen.get("access_log")) == ("httptools", "uvloop", False), seen
+    config = seen["config"]
+    assert issubclass(config.http, HttpToolsProtocol), config.http  # type: ignore[attr-defined]
+    assert (config.loop, config.access_log) == ("uvloop", False), seen  # type: ignore[attr-defined]
     # The collector: the heap the imports and the app built moved out of its way, and collections made
     # rarer (a full collection walked that heap under load: the p99 of a submission was 3x its p50)
     assert seen.get("frozen") is True and seen.get("thresholds") == (100_000, 50, 1_000), seen

@@ -334,6 +334,35 @@ def test_due_deliveries_are_claimed_once_in_batches_and_recorded_on_their_own_ro
         assert store.attempts_made(session, second) == 2 and store.attempts_made(session, first) == 1
 
 
+def test_due_callbacks_come_oldest_first_then_by_id(db, tmp_path, receiver):
+    """Callbacks due at the same moment (never attempted: no due time) come in a stable order, by id."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from service.persistence import callbacks as store
+    from service.persistence.models import Verification
+
+    hook = receiver([])
+    who = tokens(db)
+    with app_for(db, tmp_path, hook.origin, run_callbacks=False) as api:
+        new_secret(api, who["one"])
+        ids = [submit(api, who["one"], tmp_path, callback_url=f"{hook.origin}/h", artifact_sha256=c * 64)
+               .json()["id"] for c in "123456"]
+        for verification_id in ids:
+            api.post(f"/v1/verifications/{verification_id}/cancel", headers=auth(who["one"]))
+        factory = api.app_state.session_factory
+    with transaction(factory) as session:
+        assert store.due(session, 10) == sorted(ids)
+        session.execute(update(Verification).where(Verification.id == ids[0])
+                        .values(callback_due_at=SYSTEM_CLOCK.now() - timedelta(minutes=1)))
+    with transaction(factory) as session:  # SQL sorts no due time (NULL) first on SQLite, last on Postgres
+        due = store.due(session, 10)
+        rest = sorted(ids[1:])
+        assert due in ([*rest, ids[0]], [ids[0], *rest])
+        assert store.due_with_urls(session, 1)[0][1] == f"{hook.origin}/h"
+
+
 def test_plain_http_origins_compare_without_case_or_a_trailing_slash(tmp_path):
     from service.callbacks import http_origins
     from service.config import Settings

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.api.app import create_app
 from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import transaction
-from service.report_render import model_card, render_markdown, to_html, to_markdown
+from service.report_render import md_code, md_text, model_card, render_markdown, to_html, to_markdown
 from tests.service.conftest import add_token, settings_for
 from tests.service.seeding import seed
 
@@ -121,7 +123,7 @@ def test_markdown_report_keeps_hostile_text_on_its_line_and_shows_it(origin):
     assert bad.count("\n") == good.count("\n")  # no line break of the submitter's entered the document
     assert [line[:2] for line in bad.splitlines()] == [line[:2] for line in good.splitlines()]
     verdicts = [line for line in bad.splitlines() if line.startswith("Verdict")]
-    assert len(verdicts) == 1 and verdicts[0].startswith(r"Verdict: **NO\-GO** under convgate policy version \[link\]")
+    assert len(verdicts) == 1 and verdicts[0].startswith(r"Verdict: **NO-GO** under convgate policy version \[link\]")
     for field in REPORT_FIELDS + (("policy name",) if origin == "configured:" else ()):
         assert hostile(field).translate(SHOWN) in unescaped(bad), field
 
@@ -249,3 +251,36 @@ def test_queue_page_and_its_table_show_hostile_fields_as_text(pages):
     assert table.status_code == 200
     parsed = assert_inert(table.text, ["Recently finished"], (*PAGE_FIELDS, "code"))
     assert len([tag for tag, _ in parsed.starts if tag == "tr"]) == 1 + 1 + 1 + 2  # two heads, 1 active, 2 done
+
+
+def test_uris_and_versions_read_as_written_in_the_markdown_file():
+    """Issue 35: every URI character was escaped (`file\\:\\/\\/\\/...`, `2026\\.12\\-1`), noise to a person
+    reading the file or a diff. URIs are code spans; text escapes only what opens Markdown."""
+    report = report_from(benign) | {"artifact": {"uri": "file:///srv/fixtures/m-Q8_0.gguf", "sha256": "a" * 64,
+                                                 "size": 1}}
+    report["files"] = [{"uri": "hf://org/model@" + "b" * 40 + "/model.safetensors", "sha256": "c" * 64, "size": 9}]
+    report["policy"]["values"]["version"] = "2026.12-1"
+    markdown = to_markdown("v-1", report, "inline")
+    assert "Artifact: `file:///srv/fixtures/m-Q8_0.gguf`" in markdown
+    assert f"| `hf://org/model@{'b' * 40}/model.safetensors` |" in markdown
+    assert "under convgate policy 2026.12-1 (" in markdown
+    assert md_code("a`b") == "``a`b``" and md_code("`x") == "`` `x ``" and md_code("a|b") == "a\\|b"
+    assert md_text("# not a heading") == "\\# not a heading" and md_text("1. one") == "1\\. one"
+    assert md_text("- item") == "\\- item" and md_text("a - b. c") == "a - b. c"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Zs", "Cc")), max_size=40))
+def test_any_text_in_any_place_renders_as_itself_in_our_structure(value: str):
+    """A property over the reduced escaping: in a list item, a table cell and mid-paragraph, md_text and
+    md_code give the structure a plain word gives and show the text (line breaks as symbols)."""
+    for render in (md_text, md_code):
+        def document(text: str, render=render) -> str:
+            return f"- {render(text)}\n\n| a | b |\n|---|---|\n| {render(text)} | x |\n\nSeen {render(text)} here.\n"
+
+        bad, good = Parsed(render_markdown(document(value))), Parsed(render_markdown(document("word")))
+        assert bad.structure == good.structure, (render.__name__, value)
+        shown = value.translate(SHOWN).translate({code: 0x2400 + code for code in range(0x20)} | {0x7f: 0x2421})
+        if shown.strip():
+            assert all(shown.strip() in text for tag, text in bad.blocks if tag in ("li", "td", "p")
+                       and text != "x"), (render.__name__, value, bad.blocks)

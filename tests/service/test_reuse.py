@@ -11,14 +11,18 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from service.api.app import create_app
 from service.auth import Role
 from service.config import KubernetesSettings, Settings
 from service.dispatch.loop import DispatchLoop
-from service.lifecycle import Reason
+from service.lifecycle import Reason, State
 from service.persistence import repository
+from service.persistence import reuse as reuse_store
+from service.persistence.clock import as_utc
 from service.persistence.db import transaction
+from service.persistence.models import Verification
 from tests.service.conftest import add_token, settings_for
 from tests.service.test_lifecycle_loop import FakeDispatcher
 from worker.engine import environment
@@ -259,3 +263,48 @@ def test_a_split_is_keyed_on_every_shards_digest(tmp_path):
     keys = {reuse_key(local, request, "p" * 64), reuse_key(local, split, "p" * 64),
             reuse_key(local, other_third, "p" * 64)}
     assert len(keys) == 3 and None not in keys
+
+
+def test_only_a_completed_verifications_verdict_stands(api):
+    """The lookup asks the state, not only for a verdict row: a verdict left on a verification that is no
+    longer completed (an operator's repair, a future state) is not handed to anyone."""
+    original = submit(api).json()["id"]
+    finish(api, original)
+    with transaction(api.factory) as session:
+        session.execute(update(Verification).where(Verification.id == original).values(state=State.FAILED))
+    assert submit(api).json()["reused_from"] is None
+
+
+def test_the_lookup_reads_at_most_a_few_candidates(api):
+    """The newest CANDIDATES runs with the key are read, no more: a key with many runs by other verifiers
+    costs one bounded query, and a run older than those is not reached."""
+    oldest = submit(api).json()["id"]
+    finish(api, oldest)  # by this verifier: would stand, were it read
+    for _ in range(reuse_store.CANDIDATES):
+        finish(api, submit(api, fresh=True).json()["id"], env={**environment(), "transformers": "0.0.1"})
+    assert submit(api).json()["reused_from"] is None
+
+
+def test_the_reused_row_is_returned_as_it_was_written(api):
+    original = submit(api).json()["id"]
+    report = finish(api, original, "NO-GO")
+    with transaction(api.factory) as session:
+        key = repository.get_verification(session, original).reuse_key
+        found = reuse_store.reusable(session, key, lambda _environment: True, submitted_by=None)
+        assert found is not None and (found.original_id, found.verdict) == (original, "NO-GO")
+        made = reuse_store.insert_reused(session, found, reuse_key=key, submitted_by="other", idempotency_key=None,
+                                         request_sha256="r" * 64, request=body(), policy={}, policy_sha256="p" * 64,
+                                         max_attempts=3)
+        assert made is not None
+        written = (made.id, made.state, made.attempt, made.failed_attempts, made.verdict_result, made.reused_from,
+                   as_utc(made.created_at), as_utc(made.finished_at))
+        assert written[1:6] == (State.COMPLETED, 0, 0, "NO-GO", original)
+        session.expunge_all()
+        stored = repository.get_verification(session, made.id)
+        assert (stored.id, stored.state, stored.attempt, stored.failed_attempts, stored.verdict_result,
+                stored.reused_from, as_utc(stored.created_at), as_utc(stored.finished_at)) == written
+        verdict = repository.verdict_for(session, made.id)
+        assert verdict is not None and (verdict.attempt, verdict.verdict, verdict.report) == (0, "NO-GO", report)
+        assert as_utc(verdict.created_at) == as_utc(stored.created_at)
+        (event,) = repository.events(session, made.id)
+        assert (event.from_state, event.to_state, event.attempt) == (None, State.COMPLETED, 0)

@@ -36,7 +36,8 @@ def smollm2_split(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def body(shards: list[Path], **changes: object) -> dict:
     digests = [sha256_file(shard) for shard in shards]
     return {"source_uri": (fixtures_root() / "smollm2" / "source").as_uri(), "artifact_uri": shards[0].as_uri(),
-            "artifact_sha256": digests[0], "artifact_shard_sha256": digests, "texts": TEXTS, **changes}
+            "artifact_sha256": digests[0], "artifact_shard_sha256": digests, "texts": TEXTS,
+            "policy": {"long_context_tokens": 1024}, **changes}  # the suite's long text (tests/conftest.py)
 
 
 def run(url: str, tmp_path: Path, shards: list[Path], **changes: object) -> tuple[dict, dict, dict]:
@@ -44,7 +45,8 @@ def run(url: str, tmp_path: Path, shards: list[Path], **changes: object) -> tupl
     roots = (fixtures_root(), shards[0].parent)
     settings = settings_for(url, tmp_path, dispatcher="none", file_roots=roots)
     app = create_app(settings, run_dispatcher=False)
-    submitter, auditor = add_token(url, Role.SUBMITTER, "pipeline"), add_token(url, Role.AUDITOR, "auditor")
+    # an inline policy (the suite's long text) is a policy author's to send
+    submitter, auditor = add_token(url, Role.POLICY_AUTHOR, "pipeline"), add_token(url, Role.AUDITOR, "auditor")
     with TestClient(app) as api:
         created = api.post("/v1/verifications", headers={"Authorization": f"Bearer {submitter}"},
                            json=body(shards, **changes))

@@ -42,3 +42,27 @@ def test_an_importance_matrix_is_submitted_with_its_digest(sent):
 def test_without_an_importance_matrix_the_body_has_no_imatrix_fields(sent):
     assert CliRunner().invoke(app, BASE).exit_code == 0
     assert not {"imatrix_uri", "imatrix_sha256"} & set(sent[0])
+
+
+@pytest.mark.parametrize(("option", "content"), [
+    ("--policy", b"{not json"), ("--policy", b"\xff\xfe"), ("--texts", b"\xff\xfe not utf-8"),
+    ("--policy", None), ("--texts", None)])
+def test_an_unreadable_policy_or_texts_file_is_could_not_run_never_no_go(sent, tmp_path, option, content):
+    """Issue 35: these exited 1, which the README defines as NO-GO. A file the user named that cannot be read
+    is exit 2 with one line naming it, and nothing is submitted."""
+    named = tmp_path / "given"
+    if content is not None:
+        named.write_bytes(content)
+    result = CliRunner().invoke(app, [*BASE, option, str(named)])
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert f"convgate: cannot read {option} {named}:" in result.output
+    assert "Traceback" not in result.output and sent == []
+
+
+def test_an_unexpected_error_in_submit_is_exit_3_not_a_verdict(monkeypatch, sent):
+    def broken(self, body, idempotency_key=None):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(_RecordingClient, "submit", broken)
+    result = CliRunner().invoke(app, BASE)
+    assert result.exit_code == 3 and "internal error, not a verdict: RuntimeError: a bug" in result.output

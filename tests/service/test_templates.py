@@ -14,6 +14,7 @@ import pytest
 from markupsafe import escape
 
 from service.report_render import to_html
+from service.schemas import QueueEstimate
 from service.templating import ENVIRONMENT, render
 
 HOSTILE = "\"'><script>alert(1)</script><img src=x onerror=alert(2)>"
@@ -37,7 +38,9 @@ def _snapshot() -> dict[str, object]:
     return {"rendered": 1, "counts": [(HOSTILE, 1)], "oldest": SimpleNamespace(id=HOSTILE, age_seconds=1.0),
             "dispatcher": HOSTILE, "active": [_queue_item()], "active_head": (HOSTILE,),
             "finished_head": (HOSTILE,), "finished": [finished, verdict],
-            "estimate": SimpleNamespace(median_run_seconds=60.0, runs=3, parallel=2)}
+            "estimate": QueueEstimate(runs=3, median_run_seconds=60.0, parallel=2, fixed_seconds=20.0,
+                                      seconds_per_gib=40.0, replayed_runs=5, median_abs_error_seconds=7.0,
+                                      p90_abs_error_seconds=30.0)}
 
 
 def _auditor() -> dict[str, object]:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge.addresses import embedded, refusal
+from edge.deadline import DeadlineStream
 from edge.download import FetchPolicy
 from edge.errors import FetchError
 from edge.fetch import fetch_artifact, fetch_source
@@ -91,6 +92,41 @@ def test_public_literal_addresses_and_pinned_hf_uris_pass():
             PUBLIC_ONLY.check(refused, directory=True)
     with pytest.raises(UriRefusedError, match="scheme 'https' is not allowed"):
         PUBLIC_ONLY.check("https://8.8.8.8/model", directory=True)
+
+
+REV = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.mark.parametrize("uri", [
+    f"hf://org/repo@{REV}/../../../../evil/repo/resolve/main/x.gguf",
+    f"hf://org/repo@{REV}/dir/../x.gguf", f"hf://org/repo@{REV}/./x.gguf", f"hf://org/repo@{REV}/x/..",
+    f"hf://org/repo@{REV}/%2e%2e/%2E%2E/evil/x.gguf", f"hf://org/repo@{REV}/.%2e/x.gguf",
+    f"hf://org/repo@{REV}/%252e%252e/x.gguf", f"hf://../..@{REV}/x.gguf", f"hf://org/..@{REV}/x.gguf",
+    f"hf://org/.@{REV}",
+])
+def test_dot_segments_in_an_hf_uri_are_refused(uri, tmp_path):
+    """Issue 34: `..` (raw or percent-encoded, at any depth) left the pinned repository and commit once the
+    hub's URL was normalised, and fetched another repository's mutable branch; refused at submission and
+    again in the worker, before any request."""
+    with pytest.raises(UriRefusedError, match="dot segment"):
+        PUBLIC_ONLY.check(uri, directory="/" not in uri.split("@", 1)[1])
+    with pytest.raises(FetchError, match="dot segment"):
+        fetch_artifact(uri, "e" * 64, ContentStore(tmp_path), FetchPolicy(uris=PUBLIC_ONLY))
+
+
+def test_dots_inside_hf_names_are_kept():
+    for uri in (f"hf://org.name/repo.v2@{REV}/model..Q4.gguf", f"hf://org/repo@{REV}/.cache-free/...x.gguf",
+                f"hf://org/repo@{REV}/%2e%2e%2e/x.gguf", f"hf://org/repo@{REV}/%252e%252e%252e/x.gguf"):
+        PUBLIC_ONLY.check(uri)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 8, 9, 12])
+def test_a_dot_segment_is_refused_however_deep_its_encoding(depth):
+    """Each level of `%25` is one more decoding by some client on the way; none stops being a dot segment."""
+    encoded = "%" + "25" * (depth - 1) + "2e"
+    for segment in (encoded * 2, "." + encoded, encoded):
+        with pytest.raises(UriRefusedError, match="dot segment"):
+            PUBLIC_ONLY.check(f"hf://org/repo@{REV}/a/{segment}/x.gguf")
 
 
 def test_a_host_resolving_to_any_private_address_is_refused():
@@ -281,7 +317,8 @@ def test_the_backend_tries_each_checked_address_in_turn_and_passes_the_timeout(m
 
     monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", parent)
     backend = CheckedBackend(UriPolicy(allow_private_addresses=True, resolver=fixed("10.0.0.1", "10.0.0.2")))
-    assert backend.connect_tcp("Mirror.Example.", 443, 2.5, "0.0.0.0", [(1, 2, 3)]) == "stream"
+    connected = backend.connect_tcp("Mirror.Example.", 443, 2.5, "0.0.0.0", [(1, 2, 3)])
+    assert isinstance(connected, DeadlineStream) and connected.stream == "stream"  # timed by any deadline
     assert calls == [("10.0.0.1", 443, 2.5, "0.0.0.0", [(1, 2, 3)]), ("10.0.0.2", 443, 2.5, "0.0.0.0", [(1, 2, 3)])]
     only_bad = CheckedBackend(UriPolicy(allow_private_addresses=True, resolver=fixed("10.0.0.1")))
     with pytest.raises(httpcore.ConnectError, match="refused"):
@@ -346,20 +383,45 @@ def test_system_resolver_asks_for_tcp_and_drops_ipv6_scope_ids(monkeypatch):
 
 
 def test_refusal_messages_say_what_was_refused():
+    pin = "hf:// URIs must pin a 40-hex commit: hf://owner/repo@<commit>[/path]"
     cases = [
         (lambda: PUBLIC_ONLY.check("x.gguf"), "scheme '(none)' is not allowed here"),
-        (lambda: PUBLIC_ONLY.check("hf://org/m@main"), "hf:// URIs must pin a 40-hex commit"),
+        (lambda: PUBLIC_ONLY.check("hf://org/m@main"), pin),
+        (lambda: PUBLIC_ONLY.check(f"hf://org/m@{REV}/x.gguf", directory=True), pin),
+        (lambda: PUBLIC_ONLY.check(f"hf://org/m@{REV}/../x.gguf"),
+         "hf:// URIs may not hold a dot segment ('.' or '..', raw or percent-encoded)"),
         (lambda: UriPolicy(allow_file=False).check("file:///m"), "file:// URIs are disabled on this server"),
         (lambda: UriPolicy(allow_file=True).check("file:///m"), "file:// URIs are refused: no file roots are "
                                                                  "configured (file_roots)"),
         (lambda: PUBLIC_ONLY.check("https:///x"), "https:///x names no host"),
-        (lambda: PUBLIC_ONLY.check("https://[64:ff9b::a00:1]/x"), "64:ff9b::a00:1 (carrying 10.0.0.1) is not a public"),
-        (lambda: PUBLIC_ONLY.check("https://10.0.0.1/x"), "host '10.0.0.1': 10.0.0.1 is not a public unicast address"),
+        (lambda: PUBLIC_ONLY.check("https://h.example/a b"),
+         "a URI may not hold whitespace, control characters or %00"),
+        (lambda: PUBLIC_ONLY.check("https://h.example/\ud800"), "not a valid URI"),
+        (lambda: PUBLIC_ONLY.check_url("http://models.example/x?sig=s3cret"),
+         "refusing 'http' URL http://models.example/x?sig=REDACTED (only https)"),
     ]
-    for call, message in cases:
+    for call, message in cases:  # the whole message: a reader is told exactly this, and nothing more
         with pytest.raises(UriRefusedError) as info:
             call()
-        assert message in str(info.value)
+        assert str(info.value) == message
+    for call, part in [
+        (lambda: PUBLIC_ONLY.check("https://[64:ff9b::a00:1]/x"), "64:ff9b::a00:1 (carrying 10.0.0.1) is not a public"),
+        (lambda: PUBLIC_ONLY.check("https://10.0.0.1/x"), "host '10.0.0.1': 10.0.0.1 is not a public unicast address"),
+    ]:
+        with pytest.raises(UriRefusedError) as info:
+            call()
+        assert part in str(info.value)
+
+
+def test_the_resolver_is_asked_for_the_host_itself():
+    asked: list[str] = []
+
+    def resolver(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        asked.append(host)
+        return [ipaddress.ip_address("8.8.8.8")]
+
+    UriPolicy(resolver=resolver).check("https://Models.Example./x.gguf")
+    assert asked == ["models.example"]
 
 
 def test_only_the_operators_own_origin_may_be_plain_http():

@@ -113,6 +113,24 @@ def test_the_api_and_the_stored_columns_show_no_secret(api, artifact):
     assert not leaks(json.dumps(public_request(request)))
 
 
+def test_a_reused_idempotency_key_with_another_uri_secret_is_a_409(api):
+    """Issue 34: a body differing only in a URI's secret (a new presigned signature) answered with the first
+    verification and dropped the new URL, which the worker would never fetch with. The secret is part of
+    what was asked: a 409, as for any other difference; the same body again is still the first's 200."""
+    headers = {"Authorization": f"Bearer {api.token}", "Idempotency-Key": "build-4711"}
+
+    def body(signature: str) -> dict[str, str]:
+        return {"source_uri": "file:///models/m", "artifact_sha256": SHA,
+                "artifact_uri": PRESIGNED.replace("SIGSECRET", signature)}
+
+    first = api.post("/v1/verifications", json=body("SIGSECRET"), headers=headers)
+    again = api.post("/v1/verifications", json=body("SIGSECRET"), headers=headers)
+    changed = api.post("/v1/verifications", json=body("SIGSECRET2"), headers=headers)
+    assert (first.status_code, again.status_code, changed.status_code) == (202, 200, 409), changed.text
+    assert again.json()["id"] == first.json()["id"]
+    assert changed.json()["code"] == "submission.idempotency_conflict" and not leaks(changed.text)
+
+
 def test_a_refused_uri_error_quotes_no_secret(api):
     headers = {"Authorization": f"Bearer {api.token}"}
     body = {"source_uri": "file:///models/m", "artifact_uri": "http://u:hunter2@8.8.8.8/m?sig=SIGSECRET",

@@ -23,6 +23,7 @@ from worker.formats.ggml_types import GGMLType
 from worker.formats.gguf_structure import TensorInfo, read_layout
 from worker.formats.source import open_source
 from worker.gates import embedding_parity, logits_parity, release, tensor_values, tokenizer_parity
+from worker.gates.logits_stream import KeptBlock
 from worker.gates.runtime import RuntimeMeasurements
 from worker.gates.runtime_evidence import (
     EmbeddingEvidence,
@@ -220,24 +221,16 @@ def logits_of(ids: list[int]) -> np.ndarray:
     return np.random.default_rng(sum(ids)).standard_normal((len(ids), 32)).astype(np.float32)
 
 
-def logits_evidence(candidate=None, texts: tuple[Text, ...] = TEXTS, keep: int | None = 1) -> LogitsEvidence:
+def logits_evidence(candidate=None, texts: tuple[Text, ...] = TEXTS) -> LogitsEvidence:
+    """What gate 2 keeps: the first text's first positions, both sides (test_logits_stream.py checks how many)."""
     policy = Policy()
-    thresholds = policy.thresholds(["f32"])
 
     def close(ids: list[int]) -> np.ndarray:
         return logits_of(ids) + np.float32(1e-4) * logits_of([*ids[1:], 1])
 
-    tokenize, reference, logits = Recorded(ids_of), Recorded(logits_of, keep), Recorded(candidate or close, keep)
-    logits_parity.check_logits(texts, tokenize, reference, logits, policy, thresholds)
-    return LogitsEvidence(tokenize=tokenize, reference=reference, candidate=logits, policy=policy,
-                          thresholds=thresholds)
-
-
-def test_only_the_first_logits_are_kept():
-    evidence = logits_evidence()
-    assert list(evidence.candidate.answers) == [Recorded.key((ids_of(TEXTS[0].text),), {})]
-    assert len(evidence.tokenize.answers) == len(TEXTS)
-    assert len(logits_evidence(keep=None).candidate.answers) == len(TEXTS)
+    ids = ids_of(texts[0].text)
+    kept = KeptBlock(texts[0], tuple(ids), logits_of(ids), (candidate or close)(ids))
+    return LogitsEvidence(kept=kept, policy=policy, thresholds=policy.thresholds(["f32"]))
 
 
 def test_the_first_texts_logits_pushed_to_twice_the_nmse_are_caught(monkeypatch):
@@ -260,9 +253,8 @@ def test_logits_already_failing_exact_or_missing_are_handled():
     assert exact.detected_by and "logits.nmse_above_threshold" in exact.detected_by
     assert logits_control((), logits_evidence()).outcome == "not_applicable"
     assert logits_control(TEXTS[1:], logits_evidence()).outcome == "not_applicable"  # only the first is kept
-    half = logits_evidence()
-    half.reference.answers.clear()  # the candidate's logits alone cannot be compared
-    assert logits_control(TEXTS, half).why == "the first text's logits were not measured"
+    none = LogitsEvidence(kept=None, policy=Policy(), thresholds=Policy().thresholds(["f32"]))
+    assert logits_control(TEXTS, none).why == "the first text's logits were not measured"
 
 
 def test_non_finite_first_logits_are_not_planted_in():

@@ -58,8 +58,11 @@ def test_serve_installs_it_before_the_server_runs(fresh_process, monkeypatch, tm
 
     lines: list[str] = []
     monkeypatch.setenv("CONVGATE_DATABASE_URL", f"sqlite:///{tmp_path / 'convgate.db'}")
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: lines.append(httpx_line()))
-    cli.serve(host="127.0.0.1", port=8080, migrate=False)
+    # the server is replaced where serve() starts it: a real one would run until killed (an exception a
+    # timeout raises inside uvicorn's event loop is caught and logged there, so the test would never end)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *args, **kwargs: lines.append(httpx_line()))
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: pytest.fail("serve() no longer uses uvicorn.Server"))
+    cli.serve(host="127.0.0.1", port=0, migrate=False)
     (line,) = lines
     assert_redacted(line)
 
@@ -96,3 +99,65 @@ def test_the_worker_installs_it_before_it_opens_its_channel(fresh_process, monke
     with pytest.raises(RuntimeError, match="stop here"):
         job.run_verification(Settings(database_url=f"sqlite:///{tmp_path / 'c.db'}"), "v", "w", 1)
     assert_redacted(lines[0])
+
+
+# --- what the installed record factory does to each record ----------------------------------------------
+
+def _records(log: Callable[[logging.Logger], None]) -> list[logging.LogRecord]:
+    records: list[logging.LogRecord] = []
+    handler = Collect(records)
+    logger = logging.getLogger("convgate.test-redaction")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        log(logger)
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    return records
+
+
+def test_a_record_whose_arguments_do_not_fit_its_message_is_redacted_not_raised(fresh_process):
+    edge.redact.install_log_redaction()
+    (record,) = _records(lambda logger: logger.warning(f"POST {CALLBACK} %d", "not a number"))
+    assert (record.msg, record.args) == ("POST http://REDACTED@127.0.0.1:9/hook?sig=REDACTED %d", None)
+
+
+def test_an_exceptions_text_is_redacted(fresh_process):
+    edge.redact.install_log_redaction()
+
+    def log(logger: logging.Logger) -> None:
+        try:
+            raise ConnectionError(f"cannot reach {CALLBACK}")
+        except ConnectionError:
+            logger.exception("delivery failed")
+
+    (record,) = _records(log)
+    line = logging.Formatter().format(record)
+    assert "SIGSECRET" not in line and "PASSSECRET" not in line, line
+    assert record.exc_text is not None and record.exc_text.startswith("Traceback (most recent call last)")
+    assert "ConnectionError: cannot reach http://REDACTED@127.0.0.1:9/hook?sig=REDACTED" in record.exc_text
+
+
+def test_an_exception_handed_over_without_its_traceback_is_redacted(fresh_process):
+    edge.redact.install_log_redaction()
+    error = ConnectionError(f"cannot reach {CALLBACK}")
+    (record,) = _records(lambda logger: logger.error("delivery failed", exc_info=(ConnectionError, error, None)))
+    line = logging.Formatter().format(record)
+    assert "SIGSECRET" not in line and line.endswith("ConnectionError: cannot reach "
+                                                     "http://REDACTED@127.0.0.1:9/hook?sig=REDACTED"), line
+
+
+def test_a_record_made_with_keywords_is_redacted(fresh_process):
+    """logging.makeLogRecord and some libraries build records with keyword arguments."""
+    edge.redact.install_log_redaction()
+    record = logging.getLogRecordFactory()(name="x", level=logging.INFO, pathname=__file__, lineno=1,
+                                           msg="POST %s", args=(CALLBACK,), exc_info=None)
+    assert record.getMessage() == "POST http://REDACTED@127.0.0.1:9/hook?sig=REDACTED"
+
+
+def test_it_is_installed_once(fresh_process):
+    edge.redact.install_log_redaction()
+    installed = logging.getLogRecordFactory()
+    edge.redact.install_log_redaction()
+    assert logging.getLogRecordFactory() is installed and edge.redact._installed is True

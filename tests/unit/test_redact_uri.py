@@ -29,7 +29,7 @@ REV = "0123456789abcdef0123456789abcdef01234567"
                  id="double-encoded-params"),
     pytest.param("https://alice%3ASECRET%40h.example/x", "https://REDACTED%40h.example/x", id="encoded-userinfo"),
     pytest.param("https://alice:SE/CRET@h.example/x", "https://REDACTED", id="slash-in-password"),
-    pytest.param("https://alice:SE?CR#ET@h.example/x", "https://REDACTED@h.example/x", id="query-chars-in-password"),
+    pytest.param("https://alice:SE?CR#ET@h.example/x", "https://REDACTED", id="query-chars-in-password"),
     pytest.param(f"hf://org/m@{REV}/dir/m.gguf?token=SECRET", f"hf://org/m@{REV}/dir/m.gguf?token=REDACTED",
                  id="hf-token"),
     pytest.param(f"hf://org/m@{REV}/m.gguf", f"hf://org/m@{REV}/m.gguf", id="hf-revision-is-no-userinfo"),
@@ -45,6 +45,48 @@ def test_each_uri_form_is_redacted_in_a_field_and_in_text(uri, shown):
 def test_a_field_query_value_with_spaces_is_hidden_whole():
     assert redact_uri("https://h.example/x?token=abc SECRET") == "https://h.example/x?token=REDACTED"
     assert redact_uri("https://h.example/x?a=1&token=abc SECRET#f g") == "https://h.example/x?a=REDACTED&token=REDACTED#REDACTED"
+
+
+@pytest.mark.parametrize(("uri", "shown"), [
+    pytest.param("https://h.example/x?a=1&&b=2", "https://h.example/x?a=REDACTED&&b=REDACTED", id="empty-pair"),
+    pytest.param("https://h.example/x?", "https://h.example/x?", id="empty-query"),
+    pytest.param("https://h.example/x#", "https://h.example/x#", id="empty-fragment"),
+    pytest.param("https://h.example/x?a=1#", "https://h.example/x?a=REDACTED#", id="query-then-empty-fragment"),
+    pytest.param("https://h.example?name=v", "https://h.example?name=REDACTED", id="path-less-query"),
+    pytest.param("https://h.example:8443?name=v#f", "https://h.example:8443?name=REDACTED#REDACTED",
+                 id="path-less-query-and-fragment"),
+    pytest.param("https://h.example/a;p=1/b?name=v", "https://h.example/a;p=REDACTED/b?name=REDACTED",
+                 id="params-then-query"),
+    pytest.param("https://h.example/a;p=x?name=v", "https://h.example/a;p=REDACTED?REDACTED", id="query-in-params"),
+    pytest.param("https://h.example/a;p=1;;q=2/b;r=3", "https://h.example/a;p=REDACTED;;q=REDACTED/b;r=REDACTED",
+                 id="params-in-two-segments"),
+    pytest.param("https://h.example/x?a=1;b=2;c", "https://h.example/x?a=REDACTED;b=REDACTED;REDACTED",
+                 id="semicolons-in-query"),
+    pytest.param("https://h.example/x?a=1&", "https://h.example/x?a=REDACTED&", id="trailing-ampersand"),
+    pytest.param("https://h.example/a;?name=v", "https://h.example/a;?REDACTED", id="query-right-after-params"),
+    pytest.param("https://user@/x", "https://REDACTED@/x", id="userinfo-right-before-the-path"),
+    pytest.param("https://@h.example/x", "https://REDACTED@h.example/x", id="empty-userinfo"),
+    pytest.param("https://h.example/p;tok=a@b/x", "https://REDACTED", id="at-in-a-path-or-a-slash-in-a-password"),
+    pytest.param("https://h.example:443/a@b", "https://REDACTED", id="at-after-the-first-slash"),
+    pytest.param("models/m.gguf;tok=abc", "models/m.gguf;tok=REDACTED", id="no-scheme"),
+    pytest.param("x.gguf", "x.gguf", id="a-bare-name"),
+    pytest.param("https://h.example#frag", "https://h.example#REDACTED", id="path-less-fragment"),
+    pytest.param("https://h.example;tok=abc", "https://h.example;tok=REDACTED", id="path-less-params"),
+    pytest.param("mailto:alice@h.example?subject=x", "mailto:REDACTED@h.example?subject=REDACTED", id="no-authority"),
+])
+def test_names_and_empty_parts_stay_as_written(uri, shown):
+    """Over-redaction leaks nothing, so the properties cannot see it: these pin what a reader still sees."""
+    assert redact_uri(uri) == shown
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    pytest.param("at https://[::1]]", "at https://[::1]]", id="ipv6-bracket-then-stray"),
+    pytest.param("(https://h.example/x?a=1])", "(https://h.example/x?a=REDACTED])", id="closing-bracket-after-query"),
+    pytest.param("see [https://[::1]:8443/x?a=1]", "see [https://[::1]:8443/x?a=REDACTED]", id="bracketed-url"),
+    pytest.param("https://h.example/x?a=1]]", "https://h.example/x?a=REDACTED]]", id="two-brackets"),
+])
+def test_a_url_in_prose_ends_before_its_closing_punctuation(text, shown):
+    assert redact(text) == shown
 
 
 def test_text_without_a_url_is_left_alone():

@@ -183,3 +183,50 @@ def embedding_thresholds_codes(candidate, compute) -> set[str]:
     result = check_embeddings(TEXTS, embedder(0), candidate, SENTENCE, ALL_EQUAL, DEFAULT_POLICY,
                               DEFAULT_POLICY.thresholds([compute]))
     return {b.code for b in result.blockers}
+
+
+def tied_logits(ids: list[int]) -> np.ndarray:
+    """Every other position is a near-tie: its two best tokens 0.001 apart; the others 3 apart."""
+    out = np.zeros((len(ids), 50))
+    out[:, 7] = 5.0
+    out[:, 9] = np.where(np.arange(len(ids)) % 2 == 0, 4.999, 2.0)
+    return out
+
+
+def flipped(ids: list[int], positions: str = "ties") -> np.ndarray:
+    """The near-ties' two best tokens swapped (a rounding's worth), or every position's."""
+    out = tied_logits(ids)
+    rows = np.arange(len(ids)) if positions == "all" else np.arange(0, len(ids), 2)
+    out[rows, 7], out[rows, 9] = out[rows, 9], out[rows, 7]
+    return out
+
+
+def test_a_near_tie_that_flips_does_not_count_against_top1_agreement():
+    thresholds = Policy().thresholds(["f32"]).model_copy(update={"tie_margin": 0.01, "max_kl_mean": 1.0,
+                                                                  "max_kl_p99": 1.0, "max_logits_nmse": 1.0})
+    result = check_logits(TEXTS, word_ids, tied_logits, flipped, Policy(), thresholds)
+    summary = result.summary
+    assert summary["top1_agreement_raw"] < 0.6 and summary["top1_agreement"] == 1.0
+    assert summary["near_ties"] + summary["decisive_positions"] == summary["positions"]
+    assert summary["near_ties"] == sum((len(word_ids(t.text)) + 1) // 2 for t in TEXTS)
+    assert summary["margin_moved_max"] == pytest.approx(0.002)
+    assert not result.blockers
+    counting_ties = check_logits(TEXTS, word_ids, tied_logits, flipped, Policy(),
+                                 thresholds.model_copy(update={"tie_margin": 0.0}))
+    assert {b.code for b in counting_ties.blockers} == {"logits.top1_below_threshold"}
+
+
+def test_a_decisive_position_that_flips_counts():
+    thresholds = Policy().thresholds(["f32"]).model_copy(update={"tie_margin": 0.01})
+    result = check_logits(TEXTS, word_ids, tied_logits, lambda ids: flipped(ids, "all"), Policy(), thresholds)
+    assert result.summary["top1_agreement"] == 0.0
+    top1 = [b for b in result.blockers if b.code == "logits.top1_below_threshold"]
+    assert top1 and "decisive positions" in top1[0].why
+
+
+def test_no_decisive_position_measures_no_top1_agreement():
+    thresholds = Policy().thresholds(["f32"]).model_copy(update={"tie_margin": 10.0, "max_kl_mean": 10.0,
+                                                                  "max_kl_p99": 10.0, "max_logits_nmse": 10.0})
+    result = check_logits(TEXTS, word_ids, tied_logits, lambda ids: flipped(ids, "all"), Policy(), thresholds)
+    assert "top1_agreement" not in result.summary and result.summary["decisive_positions"] == 0
+    assert not result.blockers

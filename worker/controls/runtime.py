@@ -14,7 +14,7 @@ import numpy as np
 
 from worker.controls.planted import Planted, newly_raised, not_applicable
 from worker.gates import embedding_parity, logits_parity, tokenizer_parity
-from worker.gates.runtime_evidence import EmbeddingEvidence, LogitsEvidence, Recorded, TokenizerEvidence
+from worker.gates.runtime_evidence import EmbeddingEvidence, LogitsEvidence, TokenizerEvidence
 from worker.gates.tokenizer_parity import COMBINATIONS
 from worker.texts import Text
 
@@ -94,32 +94,34 @@ def embedding_control(texts: tuple[Text, ...], evidence: EmbeddingEvidence) -> P
 
 
 def logits_control(texts: tuple[Text, ...], evidence: LogitsEvidence) -> Planted:
-    """The first text's llama.cpp logits pushed, orthogonally to their own error, to twice the policy's
-    maximum NMSE (only the first text's logits are kept: a vocabulary of floats per position)."""
-    first = texts[:1]
-    ids = tuple(evidence.tokenize.replay(first[0].text)[: evidence.policy.max_logit_positions]) if first else ()
-    kept = Recorded.key((list(ids),), {})
-    if not ids or kept not in evidence.candidate.answers or kept not in evidence.reference.answers:
+    """The first text's kept llama.cpp logits pushed, orthogonally to their own error, to twice the policy's
+    maximum NMSE (gate 2 keeps the first positions of the first text: a vocabulary of floats per position)."""
+    kept = evidence.kept
+    if kept is None or not texts or kept.text != texts[0]:
         return not_applicable(LOGITS, "the first text's logits were not measured")
-    honest = logits_parity.check_logits(first, evidence.tokenize.replay, evidence.reference.replay,
-                                        evidence.candidate.replay, evidence.policy, evidence.thresholds)
+    first = (kept.text,)
+
+    def ids(_text: str) -> list[int]:
+        return list(kept.ids)
+
+    def reference(_ids: list[int]) -> np.ndarray:
+        return kept.reference
+
+    honest = logits_parity.check_logits(first, ids, reference, lambda _ids: kept.candidate, evidence.policy,
+                                        evidence.thresholds)
     if honest.blockers:  # a non-finite candidate is one too
         return not_applicable(LOGITS, "the first text's logits already fail")
     threshold = evidence.thresholds.max_logits_nmse
-    ref = np.asarray(evidence.reference.replay(list(ids)), dtype=np.float64)
-    cand = np.asarray(evidence.candidate.replay(list(ids)), dtype=np.float64)
+    ref = np.asarray(kept.reference, dtype=np.float64)
+    cand = np.asarray(kept.candidate, dtype=np.float64)
     error = (cand - ref).reshape(-1)
     extra = max(2.0 * threshold * float((ref**2).sum()) - float(error @ error), 1e-6 * float((ref**2).sum()))
     push = np.where(np.arange(cand.size) % 2 == 0, 1.0, -1.0)
     if error @ error > 0:
         push -= (push @ error / (error @ error)) * error
     vector = cand + (np.sqrt(extra / float(push @ push)) * push).reshape(cand.shape)
-
-    def planted(asked: list[int]) -> Any:
-        return vector if tuple(asked) == ids else evidence.candidate.replay(asked)
-
-    result = logits_parity.check_logits(first, evidence.tokenize.replay, evidence.reference.replay, planted,
-                                        evidence.policy, evidence.thresholds)
+    result = logits_parity.check_logits(first, ids, reference, lambda _ids: vector, evidence.policy,
+                                        evidence.thresholds)
     return Planted(check=LOGITS, defect=f"one text's llama.cpp logits pushed to NMSE {2 * threshold:.3g} "
-                   "(twice max_logits_nmse)", location=f"text {first[0].label!r}",
-                   detected_by=newly_raised(result.blockers, honest.blockers))
+                   f"(twice max_logits_nmse) over its first {len(kept.ids)} positions",
+                   location=f"text {kept.text.label!r}", detected_by=newly_raised(result.blockers, honest.blockers))

@@ -22,6 +22,7 @@ from worker.formats.gguf_structure import GGUFLayout, TensorInfo
 from worker.formats.source import SourceModel
 from worker.gates import tensor_values
 from worker.gates.architectures import RowTransform, architecture_for
+from worker.gates.computed_tensors import ComputedTensor
 from worker.gates.inventory import Pairing, take_inventory
 from worker.policy import Policy
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix
@@ -125,7 +126,8 @@ def storage_controls(artifact: Path, layout: GGUFLayout, source: SourceModel, po
     pairs = take_inventory(arch, layout, source).pairs if arch is not None else ()
     copy = artifact_bytes(artifact, mode="c")  # copy-on-write: the file is never written
     found = []
-    for type_name, indexes in candidates_by_type(layout, {i: pair.gguf_name for i, pair in enumerate(pairs)}).items():
+    copied = {i: pair.gguf_name for i, pair in enumerate(pairs) if not isinstance(pair.source, ComputedTensor)}
+    for type_name, indexes in candidates_by_type(layout, copied).items():
         planted = (_plant_one(copy, layout.tensor(pairs[i].gguf_name), pairs[i], policy, imatrix, seed)
                    for i in indexes)
         found.append(next((p for p in planted if p is not None), None) or not_applicable(

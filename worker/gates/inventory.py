@@ -115,6 +115,14 @@ def take_inventory(arch: Architecture, layout: GGUFLayout, source: SourceModel) 
         transform = arch.transform(target, info.n_elements // info.shape[0])
         taking.classification[name] = _classify(info.ggml_type.name, tensor.dtype, transform)
         taking.pairs.append(Pairing(target, tensor, transform))
+    for target, computed in arch.computed().items():
+        if target not in taking.by_name:
+            taking.block("tensor.missing", f"{target} ({computed.name}) is not in the GGUF: llama.cpp would run "
+                         "without it", target)
+            continue
+        taking.claimed[target] = computed.name
+        if taking.shape_agrees(target, computed.shape, computed.name):
+            taking.pairs.append(Pairing(target, computed, None))
     for info in layout.tensors:
         if info.name not in taking.claimed:
             taking.block("tensor.unexpected", f"GGUF tensor {info.name!r} has no source tensor", info.name)

@@ -28,6 +28,7 @@ from worker.blockers import Blocker
 from worker.errors import ConvgateError
 from worker.formats.artifact_files import artifact_layout
 from worker.formats.source import open_source
+from worker.gates.logits_parity import PAST_MARK
 from worker.gates.references import references
 from worker.gates.relevance_parity import RERANK_SET
 from worker.quant.compute import COMPUTE_CLASSES, ComputeClass
@@ -173,7 +174,7 @@ def measure_curves(source_dir: Path, artifact: Path, texts: Sequence[str]) -> li
     head comes after the last block)."""
     layout = artifact_layout(artifact)
     architecture = str(layout.metadata["general.architecture"])
-    model, _, _ = references(artifact, layout, open_source(source_dir), "embedding")
+    model = references(artifact, layout, open_source(source_dir), "embedding").correct
     with LlamaProcess(artifact, embedding=True, n_ctx=512) as candidate:
         return [layer_curve(model.model, candidate, architecture,
                             candidate.tokenize(text, add_special=True, parse_special=False)) for text in texts]
@@ -238,6 +239,15 @@ def locate_divergence(found: list[Blocker], details: dict[str, Any], *, texts: S
     layer in every blocker's `why`."""
     if not found:
         return found
+    if all(blocker.why.startswith(PAST_MARK) for blocker in found):
+        # a text's first positions agree, or a whole-text figure would have failed too: tracing them would
+        # name no layer, or a wrong one, for a difference that lies past a window or the original context
+        details["layer_divergence"] = {"skipped": f"the difference lies past position "
+                                       f"{details['logits']['past_mark']['from_position']}; the trace reads a "
+                                       f"text's first {MAX_TRACE_POSITIONS} positions"}
+        return [blocker.model_copy(update={"why": blocker.why + "; layer trace not run: it reads a text's first "
+                                           f"{MAX_TRACE_POSITIONS} positions, before the difference"})
+                for blocker in found]
     chosen = failing_input(found, details, texts, candidate)
     if chosen is None:
         return found

@@ -41,6 +41,12 @@ def _count(value: Any) -> Any:
     return len(values) if isinstance(values, Sequence) and not isinstance(values, str) else values
 
 
+def vocabulary_size(layout: GGUFLayout) -> int | None:
+    """How many tokens the file lists (what llama.cpp's logits are wide), when it lists them."""
+    tokens = _count(layout.metadata.get("tokenizer.ggml.tokens"))
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+
+
 SPECIAL_ID_KEYS = tuple(f"tokenizer.ggml.{kind}_token_id" for kind in
                         ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask", "cls"))
 

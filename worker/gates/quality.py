@@ -17,17 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.blockers import Blocker
+from worker.gates.logit_math import ComparedRows, compared
 from worker.quality_budgets import QualityBudget
 from worker.texts import PROBE_PREFIX, Text
 
 # The percentiles llama-perplexity prints for KL and for Δp.
 KL_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 50.0, 10.0, 5.0, 1.0)
 DELTA_P_PERCENTILES = (99.9, 99.0, 95.0, 90.0, 75.0, 50.0, 25.0, 10.0, 5.0, 1.0, 0.1)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +38,27 @@ class PositionStats:
     log_p_candidate: np.ndarray
 
 
-def position_stats(reference: np.ndarray, candidate: np.ndarray, ids: Sequence[int]) -> PositionStats:
-    """`reference` and `candidate` are [positions, vocab] logits on the same `ids`."""
-    log_p, log_q = log_softmax(reference.astype(np.float64)), log_softmax(candidate.astype(np.float64))
-    kl = (np.exp(log_p) * (log_p - log_q)).sum(axis=-1)
-    same = reference.argmax(-1) == candidate.argmax(-1)
-    positions = np.arange(len(ids) - 1)
-    following = np.asarray(ids[1:], dtype=np.int64)
-    ref_next, cand_next = log_p[positions, following], log_q[positions, following]
-    return PositionStats(kl, same, np.exp(cand_next) - np.exp(ref_next), ref_next, cand_next)
+def position_stats(reference: np.ndarray, candidate: np.ndarray, ids: Sequence[int], start: int = 0) -> PositionStats:
+    """`reference` and `candidate` are [rows, vocab] logits of positions start, start + 1, ... of `ids`
+    (a block of a text: the next token is known for every position but the text's last)."""
+    return joined([stats_of(rows, ids, start + offset) for offset, rows in compared(reference, candidate)])
+
+
+def stats_of(rows: ComparedRows, ids: Sequence[int], start: int) -> PositionStats:
+    """The figures of rows already compared, which are positions start, start + 1, ... of `ids`."""
+    every = np.asarray(ids, dtype=np.int64)
+    positions = np.arange(start, start + len(rows.kl))
+    local = np.flatnonzero(positions + 1 < len(every))
+    following = every[positions[local] + 1]
+    ref_next, cand_next = rows.log_p[local, following], rows.log_q[local, following]
+    same = rows.reference.argmax(-1) == rows.candidate.argmax(-1)
+    return PositionStats(rows.kl, same, np.exp(cand_next) - np.exp(ref_next), ref_next, cand_next)
+
+
+def joined(parts: Sequence[PositionStats]) -> PositionStats:
+    """Consecutive positions' figures as one."""
+    return PositionStats(*(np.concatenate([getattr(part, name) for part in parts]) for name in
+                           ("kl", "same_top", "delta_p", "log_p_reference", "log_p_candidate")))
 
 
 def _percentiles(values: np.ndarray, which: Sequence[float]) -> dict[str, float]:
@@ -130,6 +138,12 @@ class SourceGap:
         self.cosines: dict[str, list[tuple[str, float]]] = {}
         self.retrieval_top1_equal: bool | None = None
         self.rerank_top1_differs: list[str] = []  # a reranker's queries whose best document is not the source's
+        # an embedding model's labelled retrieval set per served width: (where, truncated, min cosine to the
+        # source, how far nDCG@10 fell below the source's)
+        self.widths: list[tuple[str, bool, float, float]] = []
+
+    def add_width(self, where: str, truncated: bool, min_cosine: float, ndcg_drop: float) -> None:
+        self.widths.append((where, truncated, min_cosine, ndcg_drop))
 
     def add_logits(self, text: Text, stats: PositionStats) -> None:
         self.logits.setdefault(text.slice, []).append(stats)
@@ -168,8 +182,24 @@ class SourceGap:
             if isinstance(figures.get("min_cosine"), float):
                 top1 = self.retrieval_top1_equal if name == OVERALL else None
                 found += judge_embedding(float(figures["min_cosine"]), top1, limits, where)  # type: ignore[arg-type]
+        found += self._judge_widths(budget)
         if budget.rerank_top1_equal and self.rerank_top1_differs:
             found.append(Blocker(code="quality.top1_differs_from_source", gate="runtime",
                                  why="the best document is not the one the source model ranks first for "
                                      f"{', '.join(self.rerank_top1_differs)}"))
+        return found
+
+    def _judge_widths(self, budget: QualityBudget) -> list[Blocker]:
+        """The labelled set at every served width: the cosine floor (the full width's is the texts' own check)
+        and the nDCG@10 drop."""
+        found = []
+        for where, truncated, cosine, drop in self.widths:
+            if truncated and _over(cosine, budget.min_cosine_truncated, "min"):
+                found.append(Blocker(code="quality.cosine_below_budget", gate="runtime",
+                                     why=f"at {where}: minimum cosine to the source {cosine:.4f} on the labelled "
+                                         f"retrieval set, budget min {budget.min_cosine_truncated}"))
+            if _over(drop, budget.max_ndcg10_drop, "max"):
+                found.append(Blocker(code="quality.retrieval_below_budget", gate="runtime",
+                                     why=f"at {where}: nDCG@10 on the labelled retrieval set {drop:.4f} below the "
+                                         f"source's, budget max {budget.max_ndcg10_drop}"))
         return found

@@ -20,8 +20,8 @@ from worker.digests import digest_file
 from worker.errors import ReferenceMissingError
 from worker.formats.artifact_files import artifact_paths
 from worker.formats.gguf_structure import GGUFLayout
-from worker.gates.embedding_parity import retrieval_top1
-from worker.gates.loadable import refusal
+from worker.gates.embedding_parity import retrieval_top1, top1
+from worker.gates.loadable import refusal, vocabulary_size
 from worker.gates.relevance_parity import RERANK_SET, candidate_scores, changed_orders, document_order
 from worker.gates.runtime import RuntimeMeasurements
 from worker.report import FileDigest, GateResult
@@ -29,6 +29,7 @@ from worker.rerank_thresholds import RELEASE_SCORE_TOLERANCE
 from worker.runtime.llama_candidate import CandidateLoadError
 from worker.runtime.llama_process import LlamaCrashedError, LlamaProcess
 from worker.runtime.sentence_config import SentenceConfig
+from worker.texts import RETRIEVAL
 
 
 def digest_changed(actual_sha256: str, measured_sha256: str, name: str) -> Blocker | None:
@@ -65,18 +66,36 @@ def _remeasure_embedding(candidate: LlamaProcess, layout: GGUFLayout, sentence: 
     if measured is not None and tuple(top1) != measured.retrieval_top1:
         blockers.append(Blocker(code="release.top1_changed", gate="release",
                                 why=f"retrieval top-1 {top1}, gate 2 measured {list(measured.retrieval_top1)}"))
+    if measured is not None:  # `retrieval_top1` embedded the queries, then the documents: `vectors` in order
+        blockers.extend(_remeasure_widths(vectors, measured, details))
     return blockers
+
+
+def _remeasure_widths(vectors: list[np.ndarray], measured: RuntimeMeasurements, details: dict) -> list[Blocker]:
+    """The released file at every width gate 2 served (truncate, then normalise): the same top-1."""
+    queries, documents = vectors[:len(RETRIEVAL.queries)], vectors[len(RETRIEVAL.queries):]
+    found, at = [], {}
+    for width, expected in measured.width_top1:
+        now = top1([q[:width] for q in queries], [d[:width] for d in documents])[0]
+        at[str(width)] = now
+        if tuple(now) != expected:
+            found.append(Blocker(code="release.top1_changed", gate="release",
+                                 why=f"at {width} dimensions: retrieval top-1 {now}, gate 2 measured {list(expected)}"))
+    if at:
+        details["top1_at"] = at
+    return found
 
 
 def _remeasure_logits(candidate: LlamaProcess, measured: RuntimeMeasurements, details: dict) -> list[Blocker]:
     text = measured.logits_text or "The quick brown fox jumps over the lazy dog."
     ids = candidate.tokenize(text, add_special=True, parse_special=False)[: len(measured.logits_top1) or None]
-    logits = candidate.logits(ids)
-    top1 = logits.argmax(-1).tolist()
-    details.update(positions=len(ids), top1_equal_to_gate2=tuple(top1) == measured.logits_top1)
     if not ids:
+        details.update(positions=0, top1_equal_to_gate2=not measured.logits_top1)
         return [Blocker(code="gate.not_run", gate="release", why="the text tokenized to nothing: no logits measured")]
-    if not np.all(np.isfinite(logits)):
+    found, finite = candidate.top1(ids)
+    top1 = found.tolist()
+    details.update(positions=len(ids), top1_equal_to_gate2=tuple(top1) == measured.logits_top1)
+    if not finite:
         return [Blocker(code="release.not_finite", gate="release", why="non-finite logits")]
     if measured.logits_top1 and tuple(top1) != measured.logits_top1:
         return [Blocker(code="release.top1_changed", gate="release", why="top-1 tokens differ from gate 2")]
@@ -143,8 +162,8 @@ def run_release_gate(
     else:
         n_ctx = measured.n_ctx if measured else 512
         try:
-            with LlamaProcess(artifact, embedding=kind == "embedding", n_ctx=n_ctx,
-                              rank=kind == "reranker") as candidate:
+            with LlamaProcess(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker",
+                              vocabulary=vocabulary_size(layout)) as candidate:
                 if kind == "embedding":
                     blockers.extend(_remeasure_embedding(candidate, layout, sentence, measured, details))
                 elif kind == "reranker":

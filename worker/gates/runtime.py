@@ -30,8 +30,11 @@ from worker.errors import CodedError, ReferenceMissingError, SourceError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
 from worker.gates.chat_template import check_chat_template
+from worker.gates.labelled_measure import declared_widths
+from worker.gates.labelled_retrieval import LabelledSet
 from worker.gates.layer_divergence import locate_divergence
-from worker.gates.loadable import refusal
+from worker.gates.loadable import refusal, vocabulary_size
+from worker.gates.positions import long_context_tokens, marks, position_gaps
 from worker.gates.references import references
 from worker.gates.runtime_evidence import Recorded, RuntimeEvidence, TokenizerEvidence
 from worker.gates.runtime_measures import (
@@ -47,12 +50,20 @@ from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.compute import compute_classes
 from worker.quant.precision import precision_class, type_mix
-from worker.report import GateResult
+from worker.report import GateResult, TensorRow
 from worker.runtime.hf_reference import HFTokenizer
-from worker.runtime.llama_candidate import CandidateLoadError
+from worker.runtime.llama_candidate import CandidateLoadError, decode_batch
 from worker.runtime.llama_process import LlamaCrashedError, LlamaProcess
 from worker.runtime.sentence_config import SentenceConfig, sentence_config
-from worker.texts import DEFAULT_TEXTS, PROBE_CLASSES, PROBE_TEXTS, Text, near_context_texts, uncovered_inputs
+from worker.texts import (
+    DEFAULT_TEXTS,
+    PROBE_CLASSES,
+    PROBE_TEXTS,
+    Text,
+    long_context_texts,
+    near_context_texts,
+    uncovered_inputs,
+)
 
 __all__ = ["ModelKind", "RuntimeMeasurements", "context_size", "model_kind", "run_runtime_gate"]
 
@@ -76,25 +87,43 @@ def model_kind(source: SourceModel, sentence: SentenceConfig, requested: str = "
     return "causal-lm" if any(str(a).endswith("ForCausalLM") for a in architectures) else None
 
 
-def context_size(layout: GGUFLayout, policy: Policy) -> int:
-    """The context the runtime gates use: the GGUF's, capped by the policy (512 when absent)."""
+def declared_context(layout: GGUFLayout) -> int:
+    """The context the GGUF declares (512 when absent)."""
     arch = layout.metadata.get("general.architecture")
     value = layout.metadata.get(f"{arch}.context_length", 512)
     if type(value) is not int or value <= 0:
         raise CodedError("metadata.wrong_type", f"{arch}.context_length is {str(value)[:40]!r}, not a positive integer")
-    return min(value, policy.max_context_tokens)
+    return value
+
+
+def context_size(layout: GGUFLayout, policy: Policy) -> int:
+    """The context the runtime gates use for their short texts: the GGUF's, capped by the policy."""
+    return min(declared_context(layout), policy.max_context_tokens)
+
+
+def long_tokens(kind: ModelKind, layout: GGUFLayout, source: SourceModel, policy: Policy) -> int | None:
+    """How long a causal LM's built-in long text is (positions.py); None for other kinds, and when the
+    length afforded would not reach past the first positions every text is compared at (the text near the
+    context limit is read instead, as for other kinds)."""
+    if kind != "causal-lm":
+        return None
+    declared = declared_context(layout)
+    tokens = long_context_tokens(source.config, declared, policy.long_context_tokens,
+                                 decode_batch(vocabulary_size(layout), declared))
+    return tokens if tokens > policy.max_logit_positions else None
 
 
 def text_set(submitted: tuple[Text, ...], hf: HFTokenizer, candidate: LlamaProcess,
-             n_ctx: int) -> tuple[tuple[Text, ...], list[str]]:
-    """The texts to measure: the submitter's (or the default set and one near the context limit), then the
-    pre-tokenizer probe, always; and the labels of those skipped because either tokenizer makes them longer
-    than the context."""
+             n_ctx: int, long: int | None = None) -> tuple[tuple[Text, ...], list[str]]:
+    """The texts to measure: the submitter's (or the default set, with one near the context limit unless a
+    long text is measured), a causal LM's long text of `long` tokens, then the pre-tokenizer probe, always;
+    and the labels of those skipped because either tokenizer makes them longer than the context."""
     def count(text: str) -> int:
         return max(len(hf.encode(text, add_special=True, parse_special=False)),
                    len(candidate.tokenize(text, add_special=True, parse_special=False)))
 
-    candidates = (submitted or DEFAULT_TEXTS + near_context_texts(n_ctx, count)) + PROBE_TEXTS
+    near = () if long else near_context_texts(n_ctx, count)
+    candidates = (submitted or DEFAULT_TEXTS + near) + (long_context_texts(long, count) if long else ()) + PROBE_TEXTS
     kept = tuple(t for t in candidates if count(t.text) <= n_ctx - 4)
     skipped = [t.label for t in candidates if t not in kept]
     return kept, skipped
@@ -140,6 +169,7 @@ def _measure(kind: ModelKind, sides: Sides, sentence: SentenceConfig, tokens_equ
                                                                     policy.thresholds(classes))
     else:
         found, details["logits"], measured = measure_logits(sides, policy, policy.thresholds(classes))
+        details["not_covered"].extend(position_gaps(details["logits"]["positions"]))
     return found, measured
 
 
@@ -186,6 +216,32 @@ def _described(kind: ModelKind, n_ctx: int, texts: tuple[Text, ...], skipped: li
             "not_covered": not_covered, "tokenizer": tokens.details()}
 
 
+def _sides(artifact: Path, layout: GGUFLayout, source: SourceModel, kind: ModelKind,
+           storage_rows: Mapping[str, TensorRow] | None, details: dict[str, Any],
+           measuring: tuple[tuple[Text, ...], HFTokenizer, LlamaProcess, int]) -> Sides:
+    """llama.cpp and the references it is compared with (one pass when gate 1 proved the weights equal), and
+    the report's account of them."""
+    chosen = references(artifact, layout, source, kind, storage_rows)
+    details["reference"] = {"correctness": "transformers on the artifact's own weights (dequantized, the "
+                            "converter's transforms undone)", "notes": chosen.notes, "passes": chosen.passes,
+                            "passes_why": chosen.one_pass_why}
+    texts, hf, candidate, n_ctx = measuring
+    return Sides(texts, hf, chosen.correct, chosen.source, candidate, n_ctx, marks=marks(source.config),
+                 declared_widths=declared_widths(source) if kind == "embedding" else ())
+
+
+def error_blocker(exc: ReferenceMissingError | CandidateLoadError | LlamaCrashedError | CodedError) -> Blocker:
+    """The one mapping of what stops gate 2 to its blocker: a missing reference is the verifier's, a defect
+    of the source an input's (as gate 1 and the engine file it), everything else the runtime's."""
+    if isinstance(exc, ReferenceMissingError):
+        return Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc))
+    if isinstance(exc, CandidateLoadError):
+        return Blocker(code="runtime.load_failed", gate="runtime", why=str(exc))
+    if isinstance(exc, LlamaCrashedError):
+        return crashed_blocker(exc, "runtime")
+    return Blocker(code=exc.code, gate="input" if isinstance(exc, SourceError) else "runtime", why=exc.why)
+
+
 def run_runtime_gate(
     artifact: Path,
     layout: GGUFLayout,
@@ -194,7 +250,12 @@ def run_runtime_gate(
     submitted: tuple[Text, ...] = (),
     requested_kind: str = "auto",
     progress: Progress = no_progress,
+    storage_rows: Mapping[str, TensorRow] | None = None,
+    labelled: LabelledSet | None = None,
 ) -> tuple[GateResult, list[Blocker], RuntimeMeasurements | None]:
+    """`storage_rows`: gate 1's row of every tensor when it checked them all in this process (one reference
+    pass then serves correctness and quality if they prove the weights equal to the source's). `labelled`: the
+    submitter's labelled retrieval set, measured instead of the built-in one."""
     started = time.perf_counter()
     sentence = sentence_config(source)
     kind = model_kind(source, sentence, requested_kind)
@@ -204,24 +265,20 @@ def run_runtime_gate(
     if refused := refusal(layout, "runtime"):
         return _fail(started, *refused)
     try:
-        n_ctx = context_size(layout, policy)
+        long = long_tokens(kind, layout, source, policy)
+        n_ctx = max(context_size(layout, policy), long or 0)
     except CodedError as exc:
         return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why,
                                       key=f"{layout.metadata.get('general.architecture')}.context_length"))
     try:
         hf = HFTokenizer(source.root / "tokenizer.json")
         progress("runtime", 0, 3)
-        candidate = LlamaProcess(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker")
-    except ReferenceMissingError as exc:
-        return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
-    except CandidateLoadError as exc:
-        return _fail(started, Blocker(code="runtime.load_failed", gate="runtime", why=str(exc)))
-    except LlamaCrashedError as exc:
-        return _fail(started, crashed_blocker(exc, "runtime"))
-    except SourceError as exc:
-        return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why))
+        candidate = LlamaProcess(artifact, embedding=kind == "embedding", n_ctx=n_ctx, rank=kind == "reranker",
+                                 vocabulary=vocabulary_size(layout))
+    except (ReferenceMissingError, CandidateLoadError, LlamaCrashedError, CodedError) as exc:
+        return _fail(started, error_blocker(exc))
     try:
-        texts, skipped = text_set(submitted, hf, candidate, n_ctx)
+        texts, skipped = text_set(submitted, hf, candidate, n_ctx, long)
         if not any(not t.is_probe for t in texts):  # the probe alone is no measurement of the model's texts
             why = f"every text is longer than the context ({n_ctx} tokens): nothing was measured"
             return _not_run(started, why, {"kind": kind, "n_ctx": n_ctx, "texts": [t.label for t in texts],
@@ -235,12 +292,10 @@ def run_runtime_gate(
         classes = compute_classes(layout)
         details.update(_described(kind, n_ctx, texts, skipped, layout, policy, tokens))
         measured_texts = tuple(t for t in texts if t.label not in set(tokens.probe_divergences))
-        correct, from_source, notes = references(artifact, layout, source, kind)
-        details["reference"] = {"correctness": "transformers on the artifact's own weights (dequantized, the "
-                                "converter's transforms undone)", "notes": notes}
-        sides = Sides(measured_texts, hf, correct, from_source, candidate, n_ctx)
+        sides = replace(_sides(artifact, layout, source, kind, storage_rows, details,
+                               (measured_texts, hf, candidate, n_ctx)), labelled=labelled)
         found, measured = _measure(kind, sides, sentence, tokens.default_ids_equal, policy, classes, details)
-        blockers.extend(locate_divergence(found, details, texts=texts, model=correct, candidate=candidate,
+        blockers.extend(locate_divergence(found, details, texts=texts, model=sides.correct, candidate=candidate,
                                           architecture=str(layout.metadata.get("general.architecture")),
                                           classes=classes))
         blockers.extend(_quality(sides, layout, policy, details, traced=bool(found)))
@@ -253,14 +308,8 @@ def run_runtime_gate(
                                                       tokenizer=tokenizer))
         if empty := nothing_measured(details):
             return _not_run(started, empty, details, blockers)
-    except ReferenceMissingError as exc:
-        return _fail(started, Blocker(code="verifier.reference_missing", gate="verifier", why=str(exc)))
-    except LlamaCrashedError as exc:
-        return _fail(started, crashed_blocker(exc, "runtime"))
-    except SourceError as exc:
-        return _fail(started, Blocker(code=exc.code, gate="input", why=exc.why))
-    except CodedError as exc:
-        return _fail(started, Blocker(code=exc.code, gate="runtime", why=exc.why))
+    except (ReferenceMissingError, CandidateLoadError, LlamaCrashedError, CodedError) as exc:
+        return _fail(started, error_blocker(exc))
     finally:
         candidate.close()
     status = "failed" if blockers else "passed"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.blockers import Blocker
+from worker.gates.logits_stream import KeptBlock
 from worker.policy import Policy
 from worker.runtime.sentence_config import SentenceConfig
 from worker.texts import Text
@@ -40,6 +41,11 @@ class Recorded:
         if self._keep is None or len(self.answers) < self._keep:
             self.answers[self.key(args, kwargs)] = answer
         return answer
+
+    def again(self, *args: Any, **kwargs: Any) -> Any:
+        """The answer already given to these arguments, or a new one (kept like any other)."""
+        key = self.key(args, kwargs)
+        return self.answers[key] if key in self.answers else self(*args, **kwargs)
 
     def replay(self, *args: Any, **kwargs: Any) -> Any:
         """The answer the gate got; a KeyError when the gate never asked (a control must not run a model)."""
@@ -75,11 +81,10 @@ class EmbeddingEvidence:
 
 @dataclass(frozen=True, kw_only=True)
 class LogitsEvidence:
-    """`check_logits`'s inputs as the gate called it, with the logits of its first text only."""
+    """The first positions of the first text, both sides' logits (a block of a vocabulary of floats per
+    position: gate 2 keeps no more), and what the comparison held them to."""
 
-    tokenize: Recorded
-    reference: Recorded
-    candidate: Recorded
+    kept: KeptBlock | None
     policy: Policy
     thresholds: RuntimeThresholds
 

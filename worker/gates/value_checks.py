@@ -25,6 +25,7 @@ from worker.formats.artifact_files import ArtifactBytes, artifact_bytes, artifac
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import open_source
 from worker.gates.architectures import architecture_for
+from worker.gates.computed_tensors import ComputedTensor, check_computed
 from worker.gates.inventory import Pairing, take_inventory
 from worker.gates.tensor_values import check_tensor
 from worker.policy import Policy
@@ -64,6 +65,9 @@ def check_one(file_bytes: ArtifactBytes, layout: GGUFLayout, pair: Pairing, inde
     """Inventory pair `index`; errors that concern only this tensor become its blockers."""
     info = layout.tensor(pair.gguf_name)
     blocked = partial(CheckedPair, index=index, row=None, weighted=False)
+    if isinstance(pair.source, ComputedTensor):  # no source bytes: values computed from the config
+        row, blockers = check_computed(file_bytes, info, pair.source)
+        return CheckedPair(index=index, row=row, blockers=blockers, weighted=False)
     try:
         weights = imatrix.weights_for(info.name, info.shape) if imatrix and info.ggml_type.quantized else None
         row, blockers = check_tensor(file_bytes, info, pair.source, pair.transform, policy, quant_weights=weights,

@@ -26,6 +26,7 @@ from worker.formats.artifact_files import ArtifactBytes, artifact_bytes
 from worker.formats.gguf_structure import GGUFLayout, TensorInfo
 from worker.gates.architectures import RowTransform
 from worker.gates.architectures.derived import DerivedTensor
+from worker.gates.computed_tensors import ComputedTensor
 from worker.gates.inventory import Pairing
 from worker.quant import reference
 from worker.runtime.checkpoints import SafetensorsCheckpoint
@@ -77,6 +78,8 @@ class ArtifactCheckpoint:
         self.source = source
         self.by_key: dict[str, Pairing] = {}
         for pair in pairs:
+            if isinstance(pair.source, ComputedTensor):  # no checkpoint key: transformers computes it from the config
+                continue
             names = [p.name for p in pair.source.parts] if isinstance(pair.source, DerivedTensor) else [
                 pair.source.name]
             self.by_key.update(dict.fromkeys(names, pair))

@@ -76,6 +76,24 @@ def _size_thread_pools(torch: Any) -> None:
         torch.set_num_interop_threads(threads)
 
 
+PADDING_WASTE = 2.0  # a batch's padded positions may be at most this many times its tokens
+
+
+def length_groups(sequences: Sequence[list[int]]) -> list[list[list[int]]]:
+    """Sequences longest first, cut into batches whose padded size stays within PADDING_WASTE times their
+    tokens: a long text beside short ones would otherwise pad every one of them to its length (the default
+    texts beside an 8,192-token one: 9 x 8,192 positions of activations for 8,900 tokens). Each batch is one
+    more read of a streamed model's weights, so texts of similar lengths share one."""
+    groups: list[list[list[int]]] = []
+    for sequence in sorted(sequences, key=len, reverse=True):
+        if groups and len(groups[-1][0]) * (len(groups[-1]) + 1) <= PADDING_WASTE * (
+                sum(map(len, groups[-1])) + len(sequence)):
+            groups[-1].append(sequence)
+        else:
+            groups.append([sequence])
+    return groups
+
+
 class HFModel:
     """transformers on CPU; the same object serves embeddings (base model), logits (causal LM) or
     relevance scores (a sequence-classification head, `classifier=True`). `streamed=False` loads the
@@ -143,16 +161,16 @@ class HFModel:
             return
         self._takes.update(asked)
         torch = _torch()
-        ids = torch.zeros((len(todo), max(map(len, todo))), dtype=torch.long)  # right-padded: positions stay 0..n-1
-        mask = torch.zeros_like(ids)
-        for row, sequence in enumerate(todo):
-            ids[row, :len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-            mask[row, :len(sequence)] = 1
-        with torch.inference_mode():
-            output = self.model(input_ids=ids, attention_mask=mask)
-        values = output.logits if self.causal else output.last_hidden_state
-        for row, sequence in enumerate(todo):
-            self._batched[tuple(sequence)] = values[row, :len(sequence)].double().numpy()
+        for group in length_groups(todo):
+            ids = torch.zeros((len(group), len(group[0])), dtype=torch.long)  # right-padded: positions stay 0..n-1
+            mask = torch.zeros_like(ids)
+            for row, sequence in enumerate(group):
+                ids[row, :len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+                mask[row, :len(sequence)] = 1
+            with torch.inference_mode():
+                values = self._body(ids, mask)
+            for row, sequence in enumerate(group):
+                self._batched[tuple(sequence)] = values[row, :len(sequence)].numpy().copy()
 
     def _take(self, ids: list[int]) -> np.ndarray | None:
         """A prefetched output, dropped once taken as often as it was asked for (a text may also be one
@@ -171,18 +189,77 @@ class HFModel:
             tensor = torch.tensor([ids], dtype=torch.long)
             return self.model(input_ids=tensor, attention_mask=torch.ones_like(tensor))
 
+    def _body(self, ids: Any, mask: Any) -> Any:
+        """The last hidden states of a batch: the base model's output (a causal LM's, before its head)."""
+        body = self.model.base_model if self.causal else self.model
+        return body(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    def hidden(self, ids: list[int]) -> np.ndarray:
+        """The last hidden states of one unpadded sequence, float32 [positions, hidden]: what the head reads.
+        Positions x hidden floats, so a long text's are kept where its logits (x vocabulary) could not be."""
+        found = self._take(ids)
+        if found is None:
+            torch = _torch()
+            with torch.inference_mode():
+                tensor = torch.tensor([ids], dtype=torch.long)
+                found = self._body(tensor, torch.ones_like(tensor))[0].numpy().copy()
+        return found
+
+    def head(self, hidden: np.ndarray) -> np.ndarray:
+        """A causal LM's logits for rows of its last hidden states, float32 [rows, vocabulary]: the model's own
+        forward with its base model answering the given rows, so whatever the model does after the base (the
+        head, a logit soft-cap, a scale) is applied as `from_pretrained`'s model applies it."""
+        torch = _torch()
+        rows = torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))[None]
+        body = self.model.base_model
+        asked: list[bool] = []
+
+        def given(*_args: Any, **_kwargs: Any) -> _BaseOutput:
+            asked.append(True)
+            return _BaseOutput(rows)
+
+        body.forward = given  # this instance only, for this call: every module keeps its place in the model
+        try:
+            with torch.inference_mode():
+                placeholder = torch.zeros((1, rows.shape[1]), dtype=torch.long)
+                logits = self.model(input_ids=placeholder, attention_mask=torch.ones_like(placeholder)).logits
+        finally:
+            del body.forward
+        if not asked:
+            raise SourceError("source.unsupported_architecture", f"{type(self.model).__name__} does not compute its "
+                              "logits from its base model's output: gate 2 cannot apply its head to given rows")
+        return logits[0].numpy()
+
     def embed(self, ids: list[int], pooling: Pooling) -> np.ndarray:
         """Pooled, unnormalised sentence embedding of one unpadded sequence."""
         hidden = self._take(ids)
         if hidden is None:
-            hidden = self._forward(ids).last_hidden_state[0].double().numpy()
+            hidden = self._forward(ids).last_hidden_state[0].numpy()
+        hidden = hidden.astype(np.float64)
         if pooling == "mean":
             return hidden.mean(axis=0)
         return hidden[0] if pooling == "cls" else hidden[-1]
 
     def logits(self, ids: list[int]) -> np.ndarray:
-        """The head's logits: per position for a causal LM, per sequence for a classifier (a reranker's
+        """The head's logits: per position for a causal LM (its whole [positions, vocabulary] matrix: gate 2
+        asks for rows through `hidden` and `head` instead), per sequence for a classifier (a reranker's
         relevance score)."""
-        if not self.classifier and (batched := self._take(ids)) is not None:
-            return batched
-        return self._forward(ids).logits[0].double().numpy()
+        if self.classifier:
+            return self._forward(ids).logits[0].double().numpy()
+        return self.head(self.hidden(ids)).astype(np.float64)
+
+
+class _BaseOutput:
+    """The base model's output as the head's code reads it: the given rows as its last hidden state, and
+    nothing for anything else a model's forward passes along (its cache, router logits, attentions)."""
+
+    def __init__(self, rows: Any) -> None:
+        self.last_hidden_state = rows
+
+    def __getattr__(self, _name: str) -> None:
+        return None
+
+    def __getitem__(self, index: int) -> Any:
+        if index != 0:
+            raise IndexError(index)
+        return self.last_hidden_state

@@ -54,23 +54,45 @@ def _weights_from_the_map() -> Iterator[None]:
         library.llama_model_default_params = default
 
 
+# A causal LM is decoded in batches of at most this many positions (its KV cache carries the context between
+# them), so llama.cpp's output and compute buffers hold a batch's rows of vocabulary logits, never context x
+# vocabulary; a large vocabulary gets smaller batches (DECODE_BATCH_BYTES of float32 logits, at least
+# MIN_DECODE_BATCH positions). 256 is also the longest text the thresholds were measured on: those texts
+# are decoded in one batch, as they were then.
+DECODE_BATCH = 256
+MIN_DECODE_BATCH = 32
+DECODE_BATCH_BYTES = 64 << 20
+
+
+def decode_batch(vocabulary: int | None, n_ctx: int) -> int:
+    """How many positions a causal LM is decoded at a time. Batches start at multiples of it from a text's
+    first token, whatever positions are asked for: llama.cpp's numbers depend on how a text is batched (a
+    K-quant's logits moved by 1% between one batch of 120 tokens and three of 40), so gate 2 and gate 3 must
+    batch every text alike."""
+    fitting = DECODE_BATCH if not vocabulary else DECODE_BATCH_BYTES // (4 * vocabulary)
+    return max(1, min(n_ctx, DECODE_BATCH, max(MIN_DECODE_BATCH, fitting)))
+
+
 class LlamaCandidate:
-    def __init__(self, path: Path, *, embedding: bool, n_ctx: int, rank: bool = False) -> None:
+    def __init__(self, path: Path, *, embedding: bool, n_ctx: int, rank: bool = False,
+                 batch: int | None = None) -> None:
         try:
             from llama_cpp import Llama
         except ImportError as exc:
             raise ReferenceMissingError("llama-cpp-python is not installed") from exc
         pooling: dict[str, Any] = {"pooling_type": LLAMA_POOLING_RANK} if rank else {}
         threads = cpu_budget()  # llama-cpp-python's default is the host's CPU count, not the pod's limit
+        pooled = embedding or rank  # a pooled sequence must fit one batch; a causal LM is decoded in batches
+        self.n_batch = n_ctx if pooled else min(n_ctx, batch or DECODE_BATCH)
         try:
             with _weights_from_the_map():
                 self.llm: Any = Llama(
-                    str(path), embedding=embedding or rank, logits_all=not (embedding or rank), n_ctx=n_ctx,
-                    n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, n_threads=threads, n_threads_batch=threads,
-                    **pooling,
+                    str(path), embedding=pooled, logits_all=False, n_ctx=n_ctx, n_batch=self.n_batch,
+                    n_ubatch=self.n_batch, verbose=False, n_threads=threads, n_threads_batch=threads, **pooling,
                 )
         except (ValueError, RuntimeError) as exc:
             raise CandidateLoadError(f"llama.cpp cannot load {path.name}: {exc}") from exc
+        self._decoded: list[int] = []  # the ids whose keys and values the context holds, in order
 
     def close(self) -> None:
         self.llm.close()
@@ -83,9 +105,72 @@ class LlamaCandidate:
         return np.asarray(self.llm.embed(text, normalize=False, truncate=False), dtype=np.float64)
 
     def logits(self, ids: list[int]) -> np.ndarray:
-        self.llm.reset()
-        self.llm.eval(ids)
-        return np.asarray(self.llm.scores[: len(ids)], dtype=np.float64).copy()
+        """Every position's logits, [len(ids), n_vocab] (tests and short texts; gate 2 asks by rows)."""
+        return self.logits_rows(ids, 0, len(ids)).astype(np.float64)
+
+    def logits_rows(self, ids: list[int], start: int, stop: int) -> np.ndarray:
+        """The logits of positions [start, stop) of `ids`, float32 [stop - start, n_vocab]. The text is decoded
+        in batches of `n_batch` positions from its first token (see `decode_batch`), only the asked positions
+        output logits, and a call that continues the ids of the previous one from a batch boundary reuses the
+        keys and values already computed (a long text asked for batch by batch is decoded once)."""
+        if not 0 <= start < stop <= len(ids):
+            raise ValueError(f"positions [{start}, {stop}) are not within a text of {len(ids)} tokens")
+        done = len(self._decoded)
+        if self._decoded != ids[:done] or start < done:
+            self._forget()
+        n_vocab = int(self.llm.n_vocab())
+        out = np.empty((stop - start, n_vocab), dtype=np.float32)
+        filled = 0
+        while len(self._decoded) < stop:
+            first = len(self._decoded)
+            end = min(len(ids), (first // self.n_batch + 1) * self.n_batch)
+            outputs = self._decode(ids[first:end], first, wanted=range(start, stop))
+            if outputs:
+                out[filled:filled + outputs] = self._last_logits(outputs, n_vocab)
+                filled += outputs
+        return out
+
+    def top1(self, ids: list[int]) -> tuple[np.ndarray, bool]:
+        """Each position's most likely next token and whether every logit was finite (gate 3's re-measure),
+        one batch of logits held at a time."""
+        self._forget()
+        n_vocab = int(self.llm.n_vocab())
+        found, finite = [], True
+        while len(self._decoded) < len(ids):
+            first = len(self._decoded)
+            chunk = ids[first:first + self.n_batch]
+            logits = self._last_logits(self._decode(chunk, first, wanted=range(len(ids))), n_vocab)
+            found.append(logits.argmax(axis=-1))
+            finite = finite and bool(np.all(np.isfinite(logits)))
+        return (np.concatenate(found) if found else np.zeros(0)).astype(np.int64), finite
+
+    def _forget(self) -> None:
+        self.llm._ctx.kv_cache_clear()
+        self._decoded = []
+
+    def _decode(self, chunk: list[int], first: int, *, wanted: range) -> int:
+        """Decode `chunk` at positions first.. (continuing the context); the positions in `wanted` output
+        logits. Returns how many did."""
+        batch = self.llm._batch.batch
+        outputs = 0
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = first + i
+            batch.seq_id[i][0] = 0
+            batch.n_seq_id[i] = 1
+            batch.logits[i] = first + i in wanted
+            outputs += first + i in wanted
+        batch.n_tokens = len(chunk)
+        self.llm._ctx.decode(self.llm._batch)
+        self._decoded.extend(chunk)
+        return outputs
+
+    def _last_logits(self, outputs: int, n_vocab: int) -> np.ndarray:
+        """The rows the last decode output, copied out of llama.cpp's buffer."""
+        import llama_cpp
+
+        pointer = llama_cpp.llama_get_logits(self.llm._ctx.ctx)
+        return np.ctypeslib.as_array(pointer, shape=(outputs, n_vocab)).copy()
 
     def pair_tokens(self, query: str, document: str) -> list[int]:
         """A (query, document) pair as llama-server's /rerank builds it without a rerank template:

@@ -34,6 +34,11 @@ def _limit_private_memory(limit: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
+def _top1(candidate: Any, ids: list[int]) -> Reply:
+    top, finite = candidate.top1(ids)
+    return finite, (top,)
+
+
 def _calls(candidate: Any) -> dict[str, Callable[..., Reply]]:
     """Each call's name -> what it does with the candidate; arrays travel as arrays, the rest as JSON."""
     return {
@@ -41,9 +46,13 @@ def _calls(candidate: Any) -> dict[str, Callable[..., Reply]]:
             candidate.tokenize(text, add_special=add_special, parse_special=parse_special), ()),
         "embed": lambda text: (None, (candidate.embed(text),)),
         "logits": lambda ids: (None, (candidate.logits(ids).astype(np.float32),)),
+        "logits_rows": lambda segments: (None, (np.concatenate([candidate.logits_rows(ids, start, stop)
+                                                                for ids, start, stop in segments]),)),
+        "top1": lambda ids: _top1(candidate, ids),
         "pair_tokens": lambda query, document: (candidate.pair_tokens(query, document), ()),
         "rank_scores": lambda tokens: (None, (candidate.rank_scores(tokens),)),
         "n_embd": lambda: (candidate.n_embd, ()),
+        "n_vocab": lambda: (int(candidate.llm.n_vocab()), ()),
         "trace_layers": lambda architecture, ids: (None, (candidate.trace_layers(architecture, ids),)),
         "render_chat": lambda messages, add_generation_prompt, source_dir: (
             candidate.render_chat(messages, add_generation_prompt, source_dir), ()),
@@ -59,7 +68,8 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> int:
     opening, _ = read_frame(requests)
     try:
         candidate = LlamaCandidate(Path(opening["path"]), embedding=bool(opening["embedding"]),
-                                   n_ctx=int(opening["n_ctx"]), rank=bool(opening["rank"]))
+                                   n_ctx=int(opening["n_ctx"]), rank=bool(opening["rank"]),
+                                   batch=int(opening["batch"]) if opening.get("batch") else None)
     except CandidateLoadError as exc:
         write_frame(replies, {"ok": False, "error": "load", "message": str(exc)})
         return 0

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 
 from worker.errors import ConvgateError, ReferenceMissingError
 from worker.resources import llama_memory_limit
-from worker.runtime.llama_candidate import CandidateLoadError
+from worker.runtime.llama_candidate import CandidateLoadError, decode_batch
 from worker.runtime.wire import WireError, read_frame, write_frame
 
 # A load and any single call must finish within this; a 70B model's map and a 2048-token trace fit.
@@ -75,11 +76,21 @@ def _printable(raw: bytes) -> str:
     return "".join(ch if ch.isprintable() or ch == "\n" else "?" for ch in text)
 
 
+@dataclass
+class Pending:
+    """A call written to the child whose answer has not been read: what it was doing, and its deadline."""
+
+    during: str
+    timed_out: threading.Event
+    watchdog: threading.Timer
+
+
 class LlamaProcess:
     """One llama.cpp child with `path` loaded; methods mirror `LlamaCandidate`'s."""
 
     def __init__(self, path: Path, *, embedding: bool, n_ctx: int, rank: bool = False,
-                 memory_limit: int | None = None) -> None:
+                 memory_limit: int | None = None, vocabulary: int | None = None) -> None:
+        """`vocabulary`: the GGUF's token count, which sizes a causal LM's decode batches (`decode_batch`)."""
         limit = llama_memory_limit() if memory_limit is None else memory_limit
         env = dict(os.environ, CONVGATE_LLAMA_CHILD_MEMORY=str(limit or 0))
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - open for the child's life, closed by _release
@@ -87,8 +98,10 @@ class LlamaProcess:
             [sys.executable, "-m", "worker.runtime.llama_child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._stderr, env=env)
         self._closed = False
-        self._call("loading the model", {"path": str(path), "embedding": embedding, "n_ctx": n_ctx, "rank": rank},
-                   opening=True)
+        self._pending: Pending | None = None
+        self.decode_batch = decode_batch(vocabulary, n_ctx)  # positions per batch; batches start at its multiples
+        self._call("loading the model", {"path": str(path), "embedding": embedding, "n_ctx": n_ctx, "rank": rank,
+                                         "batch": self.decode_batch}, opening=True)
 
     # --- the calls the gates make -------------------------------------------------------------------
 
@@ -105,6 +118,28 @@ class LlamaProcess:
         _, (logits,) = self._call("computing logits", {"call": "logits", "args": {"ids": [int(i) for i in ids]}})
         return logits.astype(np.float64)
 
+    def logits_rows(self, segments: list[tuple[list[int], int, int]]) -> np.ndarray:
+        """Rows [start, stop) of each (ids, start, stop) segment's logits, concatenated: float32
+        [sum of stop - start, n_vocab]."""
+        return self.collect(self.submit_logits_rows(segments))
+
+    def submit_logits_rows(self, segments: list[tuple[list[int], int, int]]) -> Pending:
+        """Ask for `logits_rows` and return at once: the child computes while the caller does other work
+        (the reference's side of the same block), then `collect` takes the answer."""
+        request = {"call": "logits_rows", "args": {"segments": [[[int(i) for i in ids], int(start), int(stop)]
+                                                                for ids, start, stop in segments]}}
+        return self._send("computing logits", request)
+
+    def collect(self, pending: Pending) -> np.ndarray:
+        _, (rows,) = self._receive(pending)
+        return rows
+
+    def top1(self, ids: list[int]) -> tuple[np.ndarray, bool]:
+        """Each position's most likely next token, and whether every logit was finite: computed in the child,
+        so no logits cross the pipe."""
+        finite, (top,) = self._call("computing top tokens", {"call": "top1", "args": {"ids": [int(i) for i in ids]}})
+        return top, bool(finite)
+
     def pair_tokens(self, query: str, document: str) -> list[int]:
         value, _ = self._call("building a pair", {"call": "pair_tokens", "args": {"query": query,
                                                                                "document": document}})
@@ -114,6 +149,11 @@ class LlamaProcess:
         _, (scores,) = self._call("scoring a pair", {"call": "rank_scores", "args": {"tokens": [int(i) for i in
                                                                                            tokens]}})
         return scores.astype(np.float64)
+
+    @property
+    def n_vocab(self) -> int:
+        value, _ = self._call("reading n_vocab", {"call": "n_vocab"})
+        return int(value)
 
     @property
     def n_embd(self) -> int:
@@ -139,31 +179,50 @@ class LlamaProcess:
     # --- the child's life ----------------------------------------------------------------------------
 
     def _call(self, during: str, request: dict[str, Any], opening: bool = False) -> tuple[Any, list[np.ndarray]]:
+        return self._receive(self._send(during, request), opening=opening)
+
+    def _send(self, during: str, request: dict[str, Any]) -> Pending:
+        """Write one call and arm its deadline; one call is in flight at a time."""
         process = self._process
-        if self._closed or process.stdin is None or process.stdout is None:
-            raise LlamaCrashedError(during, "is no longer running", "")
+        if self._closed or process.stdin is None or process.stdout is None or self._pending is not None:
+            raise LlamaCrashedError(during, "is no longer running" if self._pending is None else
+                                    "was asked a second question before answering the first", "")
         timed_out = threading.Event()
 
         def kill() -> None:
             timed_out.set()
             process.kill()
 
-        watchdog = threading.Timer(CALL_TIMEOUT_S, kill)
-        watchdog.start()
+        pending = Pending(during, timed_out, threading.Timer(CALL_TIMEOUT_S, kill))
+        pending.watchdog.start()
+        self._pending = pending
         try:
             write_frame(process.stdin, request)
+        except (BrokenPipeError, ValueError) as exc:
+            pending.watchdog.cancel()
+            self._pending = None
+            raise self._crashed(during, timed_out.is_set(), exc) from exc
+        return pending
+
+    def _receive(self, pending: Pending, opening: bool = False) -> tuple[Any, list[np.ndarray]]:
+        """The answer to the call in flight, or the error that ended the child meanwhile."""
+        process = self._process
+        if process.stdout is None or pending is not self._pending:
+            raise LlamaCallError(f"{pending.during}: no such call is in flight")
+        try:
             reply, arrays = read_frame(process.stdout)
         except (EOFError, BrokenPipeError, WireError, ValueError) as exc:
-            raise self._crashed(during, timed_out.is_set(), exc) from exc
+            raise self._crashed(pending.during, pending.timed_out.is_set(), exc) from exc
         finally:
-            watchdog.cancel()
+            pending.watchdog.cancel()
+            self._pending = None
         if reply.get("ok"):
             return reply.get("value"), arrays
         message = str(reply.get("message", ""))
         if opening and reply.get("error") in ("load", "reference_missing"):
             self.close()
             raise (CandidateLoadError if reply["error"] == "load" else ReferenceMissingError)(message)
-        raise LlamaCallError(f"{during}: {reply.get('error')}: {message}")
+        raise LlamaCallError(f"{pending.during}: {reply.get('error')}: {message}")
 
     def _crashed(self, during: str, timed_out: bool, exc: Exception) -> LlamaCrashedError:
         """The child is gone (or talking nonsense): reap it and say how it ended."""
@@ -200,8 +259,11 @@ class LlamaProcess:
         self._release()
 
     def _release(self) -> None:
-        """The pipes and the stderr file of a child that has ended."""
+        """The pipes and the stderr file of a child that has ended, and the deadline of a call left unread."""
         self._closed = True
+        if self._pending is not None:
+            self._pending.watchdog.cancel()
+            self._pending = None
         for stream in (self._process.stdin, self._process.stdout, self._stderr):
             with contextlib.suppress(OSError, ValueError):
                 if stream is not None:

@@ -18,7 +18,14 @@ from service.dispatch.base import WorkerExit
 from service.dispatch.kube.cluster_state import ClusterStatus, job_status
 from service.dispatch.kube.cluster_view import ClusterView
 from service.dispatch.kube.errors import KubeError
-from service.dispatch.kube.job_manifest import ATTEMPT_LABEL, build_attempt_secret, build_job, job_name
+from service.dispatch.kube.job_manifest import (
+    ATTEMPT_LABEL,
+    attempt_secret_name,
+    build_attempt_secret,
+    build_job,
+    job_name,
+)
+from service.dispatch.kube.secret_mirrors import SecretMirrors
 from service.lifecycle import Reason, State
 from service.persistence import repository
 from service.persistence.clock import as_utc, now
@@ -44,6 +51,7 @@ class KubernetesDispatcher:
         self.kube = settings.kubernetes
         self.api = api_client or api_client_for(settings)
         self.view = ClusterView(self.api, self.kube)
+        self.mirrors = SecretMirrors(self.kube.secret_mirrors, self.kube.namespace, self.kube.api_timeout_seconds)
         self.identity = f"kubernetes:{self.kube.namespace}/{self.kube.local_queue}"
         self.reported: set[str] = set()
         self.paused_until = 0.0  # after a create failed for good (e.g. Kueue's webhook down)
@@ -70,6 +78,8 @@ class KubernetesDispatcher:
         restricted = self.kube.worker_database_secret is not None
         if restricted and not attempt_secret:
             raise ConvgateError(f"verification {verification_id}: a restricted worker needs its attempt secret")
+        if restricted and attempt > 1:  # the previous attempt's, in case its Job never finished here
+            self.mirrors.delete(attempt_secret_name(verification_id, attempt - 1))
         body = build_job(self.settings, verification_id, attempt, shards)
         try:
             uid = self.view.create_job(body)
@@ -90,6 +100,7 @@ class KubernetesDispatcher:
         attempt that went back to the queue waits for a secret that will never come."""
         try:
             self.view.create_secret(secret)
+            self.mirrors.create(secret)  # MultiKueue worker clusters: the copied Job's pods read it there
         except KubeError:
             try:
                 self.view.delete_job(job["metadata"]["name"])
@@ -105,6 +116,7 @@ class KubernetesDispatcher:
             if status.job_finished and name not in self.reported:
                 self.reported.add(name)
                 attempt = int(job["metadata"]["labels"].get(ATTEMPT_LABEL, 0))
+                self.mirrors.delete(attempt_secret_name(verification_id, attempt))
                 reason = status.status
                 if status.job_failed_reason is not None:
                     reason = f"{reason}; {self.view.pod_failure(name) or 'no pod outcome recorded'}"
@@ -118,6 +130,7 @@ class KubernetesDispatcher:
         job = self.view.jobs.get(verification_id)
         if job is not None:
             self.view.delete_job(job["metadata"]["name"])
+            self.mirrors.delete(attempt_secret_name(verification_id, int(job["metadata"]["labels"][ATTEMPT_LABEL])))
 
     def owns_dead(self, worker: str | None) -> bool:
         return False  # the cluster is the source of truth for Jobs: see `_lost_jobs`
@@ -185,6 +198,7 @@ class KubernetesDispatcher:
 
     def shutdown(self) -> None:
         self.api.close()
+        self.mirrors.close()
 
 
 __all__ = ["KubeError", "KubernetesDispatcher"]

@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 
 from worker.gates.architectures.derived import Derivation
+from worker.gates.computed_tensors import ComputedTensor
 from worker.gates.expectation import Expectation
 from worker.gates.hyperparameters import common_hyperparameters
 
@@ -78,6 +79,10 @@ class Architecture:
 
         Their source tensors are claimed by the derivation and skip the one-to-one name map."""
         return []
+
+    def computed(self) -> dict[str, ComputedTensor]:
+        """GGUF tensors the converter computes from config.json (no source tensor): name -> expected values."""
+        return {}
 
     def expectations(self) -> list[Expectation]:
         """Every architecture key llama.cpp reads that config.json determines."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gguf
 
 from worker.gates.architectures.base import Architecture, RowTransform, head_permutation
+from worker.gates.computed_tensors import ComputedTensor, llama3_rope_factors
 from worker.gates.expectation import Expectation
 
 
@@ -23,6 +24,10 @@ class Llama(Architecture, arch="llama"):
             out.append(Expectation("llama.vocab_size", int(self.config["vocab_size"]), "config.vocab_size",
                                    optional=True))
         return out
+
+    def computed(self) -> dict[str, ComputedTensor]:
+        factors = llama3_rope_factors(self.config)
+        return {} if factors is None else {"rope_freqs.weight": factors}
 
     def omission_reason(self, source_name: str) -> str | None:
         if source_name == "lm_head.weight" and self.config.get("tie_word_embeddings"):

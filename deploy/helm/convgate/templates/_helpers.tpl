@@ -67,3 +67,9 @@ seccompProfile:
         cidr: {{ . }}
   {{- end }}
 {{- end -}}
+
+{{- /* Everything but the workers' own objects: the API, its RBAC, its config and hooks. Empty (false) in
+       the `worker` topology, where this chart only prepares a MultiKueue worker cluster's namespace. */}}
+{{- define "convgate.controlPlane" -}}
+{{- if ne .Values.topology "worker" }}true{{- end -}}
+{{- end -}}
