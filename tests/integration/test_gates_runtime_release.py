@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import codes, run_gates
+from tests.conftest import SUITE_POLICY, codes, run_gates
 from tests.gguf_rewrite import rewrite
 from worker.policy import Policy
 from worker.texts import DEFAULT_TEXTS
@@ -47,7 +47,8 @@ def test_minilm_q4_0_is_correct_for_its_own_weights_and_refused_for_its_cost(min
     assert details["embeddings"]["min_cosine"] > 0.99 > details["quality"]["slices"]["overall"]["min_cosine"] > 0.9
     assert codes(report) == {"quality.cosine_below_budget"}, report.blockers
     float_arithmetic = Policy().runtime["f32"]
-    strict = Policy(runtime={**Policy().runtime, **dict.fromkeys(details["compute_classes"], float_arithmetic)})
+    held_to_f32 = {**Policy().runtime, **dict.fromkeys(details["compute_classes"], float_arithmetic)}
+    strict = SUITE_POLICY.model_copy(update={"runtime": held_to_f32})
     held = run_gates(minilm / "source", minilm / "minilm-Q4_0.gguf", {2}, strict, texts=ENGLISH)
     assert "embedding.cosine_below_threshold" in codes(held)
 

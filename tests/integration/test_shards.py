@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import defect_copy
+from tests.conftest import SUITE_POLICY, defect_copy
 from worker.engine import LocalInputs, VerifyRequest, merge_shards, verify, verify_shard
 from worker.gates.storage_parts import MergeError, assign
 from worker.policy import Policy
@@ -31,7 +31,7 @@ def _comparable(report) -> dict:
 
 
 def _sharded(request, inputs, shards, policy=None):
-    policy = policy or Policy()
+    policy = policy or SUITE_POLICY
     outcomes = [verify_shard(request, inputs, policy, no_progress, shard, shards) for shard in range(shards)]
     return merge_shards(outcomes[0][0], [part for _, part in outcomes], policy), outcomes
 
@@ -47,7 +47,7 @@ def test_merged_shards_equal_one_worker_with_defects(minilm, tmp_path, shards):
     artifact = defect_copy(artifact, tmp_path, "blk.5.ffn_down.weight", lambda raw: raw.view("<f4").__setitem__(7, 3.0))
     request, inputs = VerifyRequest(gates=frozenset({1})), LocalInputs(source=minilm / "source", artifact=artifact)
     merged, outcomes = _sharded(request, inputs, shards)
-    whole = verify(request, inputs, Policy())
+    whole = verify(request, inputs, SUITE_POLICY)
     assert _comparable(merged) == _comparable(whole)
     assert merged.verdict == "NO-GO"
     assert [b.tensor for b in merged.blockers] == ["blk.0.attn_q.weight", "blk.5.ffn_down.weight"]
@@ -62,7 +62,7 @@ def test_merged_shards_equal_one_worker_through_gates_2_and_3(minilm):
     merged, outcomes = _sharded(request, inputs, 2)
     assert merged.verdict == "GO", merged.blockers
     assert set(outcomes[1][0].gates) == set()  # only shard 0 runs gates 2 and 3
-    assert _comparable(merged) == _comparable(verify(request, inputs, Policy()))
+    assert _comparable(merged) == _comparable(verify(request, inputs, SUITE_POLICY))
 
 
 def test_a_systematic_difference_is_judged_over_every_shard(imatrix_fixture, tiny_llama):
@@ -71,7 +71,7 @@ def test_a_systematic_difference_is_judged_over_every_shard(imatrix_fixture, tin
     inputs = LocalInputs(source=tiny_llama / "source", artifact=imatrix_fixture / "tiny-llama-Q4_K_M-imat.gguf")
     merged, _ = _sharded(request, inputs, 3)
     assert {b.code for b in merged.blockers} == {"tensor.not_reproduced"}  # one per quant type
-    assert _comparable(merged) == _comparable(verify(request, inputs, Policy()))
+    assert _comparable(merged) == _comparable(verify(request, inputs, SUITE_POLICY))
 
 
 def test_parts_that_do_not_fit_are_refused(minilm, tmp_path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import codes, run_gates
+from tests.conftest import SUITE_POLICY, codes, run_gates
 from tests.gguf_rewrite import rewrite
 
 pytestmark = pytest.mark.slow
@@ -92,11 +92,10 @@ def test_a_pooling_type_changed_is_no_go_on_the_trained_model(minilm, tmp_path):
 
 def test_measures_are_reported_per_text_set_and_a_slice_budget_applies_to_its_slice(smollm2):
     """Named sets are slices: each gets its own figures, and a policy may budget one of them alone."""
-    from worker.policy import Policy
     from worker.quality_budgets import QualityBudget
 
     sets = {"english": ENGLISH[:2], "code": ("def add(a, b):\n    return a + b", "for i in range(10): print(i)")}
-    tight = Policy(quality_slices={"code": QualityBudget(max_kl_mean=1e-9)})
+    tight = SUITE_POLICY.model_copy(update={"quality_slices": {"code": QualityBudget(max_kl_mean=1e-9)}})
     report = run_gates(smollm2 / "source", smollm2 / "smollm2-Q8_0.gguf", {2}, tight, text_sets=sets)
     slices = report.gates["runtime"].details["quality"]["slices"]
     assert {"overall", "english", "code"} <= set(slices) and any(name.startswith("probe:") for name in slices)
