@@ -21,7 +21,7 @@ SMOKE_ARGS = {
     "bench_api.py": ["--seconds", "1", "--connections", "4", "--verdicts", "2000"],
     "bench_scale.py": ["--smoke"],
     "bench_export.py": ["--smoke"],
-    "bench_7b.py": ["--smoke"],
+    "bench_7b.py": ["--smoke", "--verify", "split"],
 }
 FIXTURE_SCRIPTS = {"bench_gate1.py", "bench_gates.py", "bench_scale.py", "bench_7b.py"}
 RATIO = {
