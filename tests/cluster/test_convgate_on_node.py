@@ -498,7 +498,10 @@ def test_worker_killed_through_the_runtime_loses_no_verdict_and_counts_one_attem
     t0 = time.monotonic()
     store = main.db()
     with main.client() as http:
-        verification_id = main.submit(http, main.token(), fresh=True)
+        # an inline policy without the labelled set: the retry runs a whole verification, and the kill and the
+        # retry are what this test is about (the honest test above runs the default policy's set)
+        verification_id = main.submit(http, main.token(Role.POLICY_AUTHOR), fresh=True,
+                                      policy={"labelled_retrieval": False})
     job = f"convgate-{verification_id}-1"
 
     def running_pod() -> str | None:
