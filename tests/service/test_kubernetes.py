@@ -507,3 +507,20 @@ def test_a_sharded_attempt_is_one_indexed_job_whose_pods_share_a_worker_name(tmp
     single = build_job(settings(tmp_path, "sqlite://"), vid, 2)
     assert "completionMode" not in single["spec"] and single["spec"]["backoffLimit"] == 0
     assert "$(POD_NAME)" in single["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_a_failed_create_pauses_launches_for_the_pause_by_the_injected_clock(cluster, sqlite_url, tmp_path):
+    """The pause after a failed create is read from the dispatcher's clock, like every other time the service
+    compares: no capacity until the clock passes it, full capacity after, without waiting."""
+    config = settings(tmp_path, sqlite_url, create_pause_seconds=30)
+    clock = ManualClock()
+    dispatcher = KubernetesDispatcher(config, k8s.ApiClient(k8s.Configuration(host=cluster.url)), clock=clock)
+    cluster.create_faults = [422]  # refused: no retry inside launch
+    with pytest.raises(KubeError):
+        dispatcher.launch("a" * 32, 1)
+    assert dispatcher.capacity() == 0
+    clock.advance(29)
+    assert dispatcher.capacity() == 0
+    clock.advance(2)
+    assert dispatcher.capacity() == config.kubernetes.max_jobs_in_flight
+    dispatcher.shutdown()

@@ -5,8 +5,7 @@ database by polling (`cluster_view.py` reads; this module decides)."""
 from __future__ import annotations
 
 import logging
-import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from kubernetes import client as k8s
@@ -28,7 +27,7 @@ from service.dispatch.kube.job_manifest import (
 from service.dispatch.kube.secret_mirrors import SecretMirrors
 from service.lifecycle import Reason, State
 from service.persistence import repository
-from service.persistence.clock import as_utc, now
+from service.persistence.clock import SYSTEM_CLOCK, Clock, as_utc, now
 from service.persistence.models import Verification
 from worker.errors import ConvgateError
 
@@ -46,15 +45,17 @@ def api_client_for(settings: Settings) -> k8s.ApiClient:
 class KubernetesDispatcher:
     name = "kubernetes"
 
-    def __init__(self, settings: Settings, api_client: k8s.ApiClient | None = None) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, api_client: k8s.ApiClient | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock`: what the pause after a failed create is measured by (a test moves it instead of waiting)."""
+        self.settings, self.clock = settings, clock
         self.kube = settings.kubernetes
         self.api = api_client or api_client_for(settings)
         self.view = ClusterView(self.api, self.kube)
         self.mirrors = SecretMirrors(self.kube.secret_mirrors, self.kube.namespace, self.kube.api_timeout_seconds)
         self.identity = f"kubernetes:{self.kube.namespace}/{self.kube.local_queue}"
         self.reported: set[str] = set()
-        self.paused_until = 0.0  # after a create failed for good (e.g. Kueue's webhook down)
+        self.paused_until: datetime | None = None  # after a create failed for good (e.g. Kueue's webhook down)
         self.pause_reason: str | None = None
         # verification id -> how often the API server refused its Job for good (400/403/422), and the
         # last refusal; counted per process, so a restart allows `refused_creates_before_failing` more
@@ -66,7 +67,7 @@ class KubernetesDispatcher:
         return job_status(job, self.view.workload_of(job))
 
     def capacity(self) -> int:
-        if time.monotonic() < self.paused_until:
+        if self.paused_until is not None and self.clock.now() < self.paused_until:
             return 0
         unfinished = sum(1 for job in self.view.jobs.values() if not self._status(job).job_finished)
         return max(self.kube.max_jobs_in_flight - unfinished, 0)
@@ -86,12 +87,12 @@ class KubernetesDispatcher:
             if restricted and attempt_secret:
                 self._hand_over(body, build_attempt_secret(self.kube, verification_id, attempt, attempt_secret, uid))
         except KubeError as exc:
-            self.paused_until = time.monotonic() + self.kube.create_pause_seconds
+            self.paused_until = self.clock.now() + timedelta(seconds=self.kube.create_pause_seconds)
             self.pause_reason = str(exc)
             if exc.refused:
                 self.refusals[verification_id] = (self.refusals.get(verification_id, (0, exc))[0] + 1, exc)
             raise
-        self.paused_until, self.pause_reason = 0.0, None
+        self.paused_until, self.pause_reason = None, None
         self.refusals.pop(verification_id, None)
         self.view.jobs[verification_id] = body | {"status": {}}
 
