@@ -7,14 +7,29 @@ Job conditions: Complete, Failed. The most decisive true condition wins.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 PENDING = "pending admission"
 
 
+class Phase(StrEnum):
+    """Where a verification's Job stands: what the dispatcher decides on (the status text is what it records)."""
+
+    PENDING = "pending"
+    REQUEUED = "requeued"
+    QUOTA_RESERVED = "quota reserved"
+    ADMITTED = "admitted"
+    EVICTED = "evicted"
+    FINISHED = "finished"
+    JOB_COMPLETE = "job complete"
+    JOB_FAILED = "job failed"
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterStatus:
-    status: str  # e.g. "admitted", "evicted: Preempted"
+    phase: Phase
+    status: str  # recorded and shown: e.g. "admitted", "evicted: Preempted"
     job_finished: bool = False
     job_failed_reason: str | None = None
 
@@ -23,28 +38,22 @@ def _true(conditions: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in conditions or [] if c.get("status") == "True"}
 
 
-def workload_status(workload: dict[str, Any] | None) -> str:
-    if workload is None:
-        return PENDING
-    true = _true(workload.get("status", {}).get("conditions"))
-    if "Finished" in true:
-        return "finished"
-    if "Evicted" in true:
-        return f"evicted: {true['Evicted'].get('reason', 'unknown')}"
-    if "Admitted" in true:
-        return "admitted"
-    if "QuotaReserved" in true:
-        return "quota reserved"
-    if "Requeued" in true:
-        return "requeued"
-    return PENDING
+def workload_status(workload: dict[str, Any] | None) -> ClusterStatus:
+    true = _true((workload or {}).get("status", {}).get("conditions"))
+    if "Evicted" in true and "Finished" not in true:
+        return ClusterStatus(Phase.EVICTED, f"evicted: {true['Evicted'].get('reason', 'unknown')}")
+    for condition, phase in (("Finished", Phase.FINISHED), ("Admitted", Phase.ADMITTED),
+                             ("QuotaReserved", Phase.QUOTA_RESERVED), ("Requeued", Phase.REQUEUED)):
+        if condition in true:
+            return ClusterStatus(phase, phase.value)
+    return ClusterStatus(Phase.PENDING, PENDING)
 
 
 def job_status(job: dict[str, Any], workload: dict[str, Any] | None) -> ClusterStatus:
     true = _true(job.get("status", {}).get("conditions"))
     if "Complete" in true:
-        return ClusterStatus("job complete", job_finished=True)
+        return ClusterStatus(Phase.JOB_COMPLETE, "job complete", job_finished=True)
     if "Failed" in true:
         reason = true["Failed"].get("reason") or "Failed"
-        return ClusterStatus(f"job failed: {reason}", job_finished=True, job_failed_reason=reason)
-    return ClusterStatus(workload_status(workload))
+        return ClusterStatus(Phase.JOB_FAILED, f"job failed: {reason}", job_finished=True, job_failed_reason=reason)
+    return workload_status(workload)

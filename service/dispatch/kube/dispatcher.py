@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.dispatch.base import WorkerExit
-from service.dispatch.kube.cluster_state import ClusterStatus, job_status
+from service.dispatch.kube.cluster_state import ClusterStatus, Phase, job_status
 from service.dispatch.kube.cluster_view import ClusterView
 from service.dispatch.kube.errors import KubeError
 from service.dispatch.kube.job_manifest import (
@@ -144,12 +144,12 @@ class KubernetesDispatcher:
             verification = repository.get_verification(session, verification_id)
             if verification is None:
                 continue
-            status = self._status(job).status
+            status = self._status(job)
             position = self.view.positions.get(job["metadata"]["name"])
-            repository.record_cluster_status(session, verification, status, position)
-            if status.startswith("evicted") and verification.state == State.RUNNING:  # wait for re-admission
+            repository.record_cluster_status(session, verification, status.status, position)
+            if status.phase is Phase.EVICTED and verification.state == State.RUNNING:  # wait for re-admission
                 repository.release_evicted(session, verification_id, int(job["metadata"]["labels"][ATTEMPT_LABEL]),
-                                           status, self.identity)
+                                           status.status, self.identity)
         self._lost_jobs(session)
         self._fail_refused(session)
 
