@@ -92,6 +92,10 @@ SETS = {
         ("edge", "service"),
         ("service/callbacks.py", "service/callbacks_loop.py", "service/persistence/callbacks.py", "edge/deadline.py"),
         ("tests/unit/test_deadline.py", "tests/service/test_callbacks.py", "tests/service/test_callback_fairness.py")),
+    "retrieval": MutationSet(  # the labelled retrieval set's figures and its decisive-pair order (issue 37)
+        ("worker",),
+        ("worker/gates/labelled_retrieval.py",),
+        ("tests/unit/test_labelled_retrieval.py",)),
     "scale-gates": MutationSet(  # integration tests only: hours on 2 cores
         ("worker",),
         ("worker/gates/value_checks.py", "worker/gates/storage_parts.py", "worker/runtime/streamed_model.py"),

@@ -78,7 +78,8 @@ class LabelledSetDocument(BaseModel):
 
 def parse_labelled_set(document: dict[str, Any], name: str) -> LabelledSet:
     """A set in the shipped format; a malformed one, or a query naming a passage that does not exist, is
-    refused (ValueError, saying which)."""
+    refused (ValueError, saying which). The document's schema already demands a query and, for each, a
+    relevant passage."""
     try:
         checked = LabelledSetDocument.model_validate(document).model_dump()
     except ValidationError as exc:
@@ -96,11 +97,9 @@ def parse_labelled_set(document: dict[str, Any], name: str) -> LabelledSet:
             raise ValueError(f"{name}: query {query['id']} names passages that do not exist: {missing}")
         return tuple(index[pid] for pid in query[key])
 
-    queries = tuple(LabelledQuery(str(q["id"]), str(q["language"]), str(q["text"]), str(q.get("kind", "")),
+    queries = tuple(LabelledQuery(str(q["id"]), str(q["language"]), str(q["text"]), str(q["kind"]),
                                   resolve(q, "relevant"), resolve(q, "hard_negatives"))
                     for q in document["queries"])
-    if not queries or any(not q.relevant for q in queries):
-        raise ValueError(f"{name}: every query needs a relevant passage")
     return LabelledSet(name, ids, tuple(str(p["text"]) for p in document["passages"]), queries)
 
 
