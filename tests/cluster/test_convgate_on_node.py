@@ -57,6 +57,7 @@ from service.auth import Role
 from service.config import Settings
 from service.lifecycle import State
 from tests.conftest import built
+from tests.databases import drop_database
 from tests.service.conftest import PG_ADMIN, add_token
 
 from .api import Api
@@ -333,8 +334,7 @@ def fresh_database() -> Iterator[str]:
     try:
         yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
     finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        drop_database(PG_ADMIN, name)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from sqlalchemy import create_engine, text
 from service.auth import Role
 from service.config import Settings
 from service.lifecycle import State
+from tests.databases import drop_database
 from tests.service.conftest import PG_ADMIN, add_token, start_server
 
 from .cluster import REPO, Cluster, process_env
@@ -50,8 +51,7 @@ def fresh_database() -> Iterator[str]:
     except psycopg.OperationalError:
         pytest.skip("Postgres is not reachable")
     yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    drop_database(PG_ADMIN, name)
 
 
 def run_helm(cluster: Cluster, home: Path, *args: str) -> str:

@@ -21,6 +21,7 @@ from service.config import Settings
 from service.persistence import tokens
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import upgrade
+from tests.databases import drop_database
 from worker.policy import Policy
 
 PG_ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
@@ -50,8 +51,7 @@ def pg_url() -> Iterator[str]:
     upgrade(url)
     yield url
     make_engine(url).dispose()
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    drop_database(PG_ADMIN, name)
 
 
 @pytest.fixture
