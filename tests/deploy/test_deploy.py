@@ -10,7 +10,7 @@ import json
 import subprocess
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import kubernetes_validate
@@ -19,6 +19,9 @@ import yaml
 
 from tests.cluster.cluster import find_binaries
 from tests.conftest import REPO, fixtures_root
+
+if TYPE_CHECKING:
+    from service.config import Settings
 
 KUBERNETES_VERSION = "1.35.0"
 CHART = REPO / "deploy" / "helm" / "convgate"
@@ -81,6 +84,18 @@ def render(*args: str) -> list[dict[str, Any]]:
 
 
 MANIFESTS = sorted((REPO / "manifests" / "kueue").glob("*.yaml"))
+
+
+def chart_settings(rendered: list[dict], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The Settings the service reads from the chart's rendered ConfigMap (and a database URL, which the
+    chart takes from a Secret)."""
+    from service.config import Settings
+
+    config_map = next(doc for doc in rendered if doc["kind"] == "ConfigMap")
+    for key, value in config_map["data"].items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CONVGATE_DATABASE_URL", "postgresql+psycopg://u@db/convgate")
+    return Settings()
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
@@ -228,16 +243,11 @@ def test_production_network_policies_pin_every_address():
 
 
 def test_configured_policies_reach_the_settings_and_the_schema_refuses_bad_ones(monkeypatch):
-    from service.config import Settings
     from worker.policy import Policy
 
     strict = ["--set", "policies.strict.version=platform-1", "--set", "policies.strict.tie_ulps=1",
               "--set", "metrics.public=false"]
-    config_map = next(doc for doc in render(*strict) if doc["kind"] == "ConfigMap")
-    for key, value in config_map["data"].items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("CONVGATE_DATABASE_URL", "postgresql+psycopg://u@db/convgate")
-    settings = Settings()
+    settings = chart_settings(render(*strict), monkeypatch)
     assert settings.policies == {"default": Policy(), "strict": Policy(version="platform-1", tie_ulps=1)}
     assert settings.metrics_public is False and settings.max_body_bytes == 1 << 20
     for bad in (["--set", "policies.strict.tie_ulps=300"], ["--set", "policies.strict.min_cosine=-1"],
@@ -248,16 +258,10 @@ def test_configured_policies_reach_the_settings_and_the_schema_refuses_bad_ones(
 
 
 def test_callback_values_reach_the_settings_and_the_schema_refuses_bad_ones(monkeypatch):
-    from service.config import Settings
-
     values = ["--set", "callbacks.attempts=3", "--set-json", "callbacks.backoffSeconds=2.5",
               "--set", "callbacks.maxBackoffSeconds=60", "--set", "callbacks.timeoutSeconds=4",
               "--set-json", 'callbacks.httpOrigins=["http://ci.internal:8080"]']
-    config_map = next(doc for doc in render(*values) if doc["kind"] == "ConfigMap")
-    for key, value in config_map["data"].items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("CONVGATE_DATABASE_URL", "postgresql+psycopg://u@db/convgate")
-    settings = Settings()
+    settings = chart_settings(render(*values), monkeypatch)
     assert (settings.callback_attempts, settings.callback_backoff_seconds, settings.callback_max_backoff_seconds,
             settings.callback_timeout_seconds) == (3, 2.5, 60.0, 4.0)
     assert settings.callback_http_origins == ("http://ci.internal:8080",)
@@ -307,14 +311,9 @@ def test_migration_runs_as_a_hook_and_pods_are_restricted():
 
 def test_rendered_settings_drive_the_dispatcher_to_a_valid_job(monkeypatch):
     """The chart's ConfigMap, read by the real Settings, builds a Job that validates and uses the chart's queue."""
-    from service.config import Settings
     from service.dispatch.kube.job_manifest import build_job
 
-    config_map = next(doc for doc in render(*VALUE_SETS["production"]) if doc["kind"] == "ConfigMap")
-    for key, value in config_map["data"].items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("CONVGATE_DATABASE_URL", "postgresql+psycopg://u@db/convgate")
-    settings = Settings()
+    settings = chart_settings(render(*VALUE_SETS["production"]), monkeypatch)
     assert settings.dispatcher == "kubernetes" and settings.kubernetes.priority_class == "convgate-release"
     job = build_job(settings, "0b3c2a9e-1111-4222-8333-444455556666", 1)
     validate(job)

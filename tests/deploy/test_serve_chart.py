@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.deploy.test_deploy import CHART, helm, render
+from tests.deploy.test_deploy import CHART, chart_settings, helm, render
 
 
 def test_server_values_reach_the_settings_and_the_command(monkeypatch):
-    from service.config import Settings
 
     rendered = render("--set", "api.processes=2", "--set", "api.headerTimeoutSeconds=5",
                       "--set", "api.bodyTimeoutSeconds=20", "--set", "api.shutdownGraceSeconds=15",
                       "--set", "callbacks.workers=8")
-    config_map = next(doc for doc in rendered if doc["kind"] == "ConfigMap")
-    for key, value in config_map["data"].items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("CONVGATE_DATABASE_URL", "postgresql+psycopg://u@db/convgate")
-    settings = Settings()
+    settings = chart_settings(rendered, monkeypatch)
     assert (settings.header_timeout_seconds, settings.body_timeout_seconds, settings.shutdown_grace_seconds,
             settings.callback_workers) == (5.0, 20.0, 15.0, 8)
     pod = next(doc for doc in rendered if doc["kind"] == "Deployment")["spec"]["template"]["spec"]
