@@ -181,41 +181,7 @@ class Deployment:
         return self
 
     def _model_store(self) -> None:
-        """The fixture files as a read-only hostPath PersistentVolume, pre-bound to the claim `model-store`,
-        and the MutatingAdmissionPolicy that mounts the claim at /models in this namespace's worker pods."""
-        ns, name = self.namespace, f"{self.namespace}-models"
-        self.api.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
-            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
-            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "convgate-models",
-            "hostPath": {"path": str(minilm()), "type": "Directory"},
-            "claimRef": {"namespace": ns, "name": "model-store"}}})
-        self.api.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                        "metadata": {"name": "model-store", "namespace": ns}, "spec": {
-                            "accessModes": ["ReadOnlyMany"], "storageClassName": "convgate-models",
-                            "volumeName": name, "resources": {"requests": {"storage": "1Gi"}}}})
-        mutation = ('Object{spec: Object.spec{'
-                    'volumes: [Object.spec.volumes{name: "model-store", persistentVolumeClaim: '
-                    'Object.spec.volumes.persistentVolumeClaim{claimName: "model-store", readOnly: true}}], '
-                    'containers: [Object.spec.containers{name: "worker", volumeMounts: '
-                    f'[Object.spec.containers.volumeMounts{{name: "model-store", mountPath: "{MODELS}", '
-                    'readOnly: true}]}]}}')
-        self.api.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
-                        "metadata": {"name": name}, "spec": {
-                            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                                    "operations": ["CREATE"], "resources": ["pods"]}]},
-                            "matchConditions": [{"name": "worker", "expression":
-                                                 "has(object.metadata.labels) && object.metadata.labels.exists(k, "
-                                                 "k == 'app.kubernetes.io/component' && "
-                                                 "object.metadata.labels[k] == 'worker')"}],
-                            "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-                            "mutations": [{"patchType": "ApplyConfiguration",
-                                           "applyConfiguration": {"expression": mutation}}]}})
-        self.api.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
-                        "metadata": {"name": name}, "spec": {"policyName": name, "matchResources": {
-                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}}})
-        wait("the model-store claim bound", lambda: self.api.get(
-            f"/api/v1/namespaces/{ns}/persistentvolumeclaims/model-store").get("status", {}).get("phase") == "Bound",
-            timeout=60)
+        mount_model_store(self.api, self.namespace, minilm(), MODELS)
 
     def _queue(self) -> None:
         api, ns = self.api, self.namespace
@@ -314,6 +280,42 @@ class Deployment:
                      f"/api/v1/persistentvolumes/{name}"):
             with contextlib.suppress(Exception):
                 self.api.delete(path)
+
+
+def mount_model_store(api: Api, namespace: str, host_path: Path, mount: str | Path) -> None:
+    """The fixture files at `host_path` as a read-only hostPath PersistentVolume, pre-bound to the claim
+    `model-store` in `namespace`, and the MutatingAdmissionPolicy that mounts the claim at `mount` in that
+    namespace's worker pods."""
+    name = f"{namespace}-models"
+    api.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": "convgate-models", "hostPath": {"path": str(host_path), "type": "Directory"},
+        "claimRef": {"namespace": namespace, "name": "model-store"}}})
+    api.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": "model-store", "namespace": namespace}, "spec": {
+                   "accessModes": ["ReadOnlyMany"], "storageClassName": "convgate-models", "volumeName": name,
+                   "resources": {"requests": {"storage": "1Gi"}}}})
+    mutation = ('Object{spec: Object.spec{volumes: [Object.spec.volumes{name: "model-store", persistentVolumeClaim: '
+                'Object.spec.volumes.persistentVolumeClaim{claimName: "model-store", readOnly: true}}], '
+                'containers: [Object.spec.containers{name: "worker", volumeMounts: '
+                f'[Object.spec.containers.volumeMounts{{name: "model-store", mountPath: "{mount}", '
+                'readOnly: true}]}]}}')
+    api.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+               "metadata": {"name": name}, "spec": {
+                   "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                           "operations": ["CREATE"], "resources": ["pods"]}]},
+                   "matchConditions": [{"name": "worker", "expression":
+                                        "has(object.metadata.labels) && object.metadata.labels.exists(k, "
+                                        "k == 'app.kubernetes.io/component' && "
+                                        "object.metadata.labels[k] == 'worker')"}],
+                   "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+                   "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": mutation}}]}})
+    api.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+               "metadata": {"name": name}, "spec": {"policyName": name, "matchResources": {
+                   "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}}})
+    wait("the model-store claim bound", lambda: api.get(
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/model-store").get("status", {}).get("phase") == "Bound",
+        timeout=60)
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,13 @@ from .cluster import Cluster
 from .convgate_env import Db, Replica, Scenario, wait
 from .multikueue import CHECK, MULTIKUEUE, MultiKueuePair, shipped
 from .node import KubeNode
-from .test_convgate_on_node import fresh_database, images, minilm, sha256  # noqa: F401 (images: a fixture)
+from .test_convgate_on_node import (  # noqa: F401 (images: a fixture)
+    fresh_database,
+    images,
+    minilm,
+    mount_model_store,
+    sha256,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 RUN_TIMEOUT = 900  # a worker start in the 5 GB image plus the gates, on 2 busy cores
@@ -74,7 +80,9 @@ def pair(manager: Cluster, cluster: Cluster, node: KubeNode, images: dict[str, s
         relay_host, relay_port = node.relay(5432)
         pair.setup_worker(worker_database_url=login.url.replace("@127.0.0.1:5432/", f"@{relay_host}:{relay_port}/"),
                           database_port=relay_port)
-        _model_store(cluster, namespace, models)
+        # the files at the same path in worker pods as here, so the URIs the in-process service admits are
+        # the ones the pods read
+        mount_model_store(cluster.api, namespace, minilm().resolve(), models)
         scenario = Scenario(manager, namespace, url, workdir).create()
         pair.setup_manager()
         base = scenario.settings(lease_seconds=60.0, poll_seconds=1.0, file_roots=(models,))
@@ -93,42 +101,6 @@ def pair(manager: Cluster, cluster: Cluster, node: KubeNode, images: dict[str, s
                 cluster.api.delete(f"/api/v1/namespaces/{namespace}")
             with contextlib.suppress(Exception):
                 cluster.api.delete(f"/api/v1/persistentvolumes/{namespace}-models")
-
-
-def _model_store(worker: Cluster, namespace: str, models: Path) -> None:
-    """The fixture files at `models` in worker pods as on this machine (so the URIs the in-process
-    service admits are the ones the pods read): a read-only hostPath volume bound to a claim, mounted into
-    the namespace's worker pods by a MutatingAdmissionPolicy (as test_convgate_on_node.py does)."""
-    api, name, mount = worker.api, f"{namespace}-models", str(models)
-    api.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
-        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "persistentVolumeReclaimPolicy": "Retain",
-        "storageClassName": "convgate-models", "hostPath": {"path": str(minilm().resolve()), "type": "Directory"},
-        "claimRef": {"namespace": namespace, "name": "model-store"}}})
-    api.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-               "metadata": {"name": "model-store", "namespace": namespace}, "spec": {
-                   "accessModes": ["ReadOnlyMany"], "storageClassName": "convgate-models", "volumeName": name,
-                   "resources": {"requests": {"storage": "1Gi"}}}})
-    mutation = ('Object{spec: Object.spec{volumes: [Object.spec.volumes{name: "model-store", persistentVolumeClaim: '
-                'Object.spec.volumes.persistentVolumeClaim{claimName: "model-store", readOnly: true}}], '
-                'containers: [Object.spec.containers{name: "worker", volumeMounts: '
-                f'[Object.spec.containers.volumeMounts{{name: "model-store", mountPath: "{mount}", '
-                'readOnly: true}]}]}}')
-    api.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
-               "metadata": {"name": name}, "spec": {
-                   "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                           "operations": ["CREATE"], "resources": ["pods"]}]},
-                   "matchConditions": [{"name": "worker", "expression":
-                                        "has(object.metadata.labels) && object.metadata.labels.exists(k, "
-                                        "k == 'app.kubernetes.io/component' && "
-                                        "object.metadata.labels[k] == 'worker')"}],
-                   "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-                   "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": mutation}}]}})
-    api.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
-               "metadata": {"name": name}, "spec": {"policyName": name, "matchResources": {
-                   "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}}})
-    wait("the model-store claim bound", lambda: api.get(
-        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/model-store").get("status", {}).get("phase") == "Bound",
-        timeout=60)
 
 
 def request(models: Path, gates: list[int]) -> SubmitRequest:
