@@ -188,7 +188,9 @@ def ensure_postgres() -> str:
     sql = (f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{PG_TEST_ROLE}') THEN "
            f"CREATE ROLE {PG_TEST_ROLE} LOGIN CREATEDB CREATEROLE PASSWORD '{PG_TEST_PASSWORD}'; END IF; END $$; "
            # the worker-privilege tests create the restricted worker roles they then try to abuse
-           f"ALTER ROLE {PG_TEST_ROLE} CREATEROLE;")
+           f"ALTER ROLE {PG_TEST_ROLE} CREATEROLE; "
+           # a test database is dropped WITH (FORCE) even while a worker pod's session outlives its login
+           f"GRANT pg_signal_backend TO {PG_TEST_ROLE};")
     _check("runuser", "-u", "postgres", "--", "psql", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql)
     return f"postgresql://{PG_TEST_ROLE}:{PG_TEST_PASSWORD}@127.0.0.1:5432/postgres"
 

@@ -1,10 +1,10 @@
 """Dropping a test's throwaway Postgres database, whoever is still connected to it.
 
-Why: `DROP DATABASE ... WITH (FORCE)` terminates the other sessions, and Postgres lets a role terminate only
-sessions of roles it is a member of. A worker pod of a cluster torn down mid-run (the MultiKueue scenario's
-worker cluster going away) can still hold a session as its restricted login, which the test role created but
-is not a member of: the drop then failed the test's teardown. The test role created those logins (CREATEROLE),
-so it may grant itself their membership first."""
+Why one helper: `DROP DATABASE ... WITH (FORCE)` terminates the other sessions, and Postgres lets a role
+terminate a session only of a role it is a member of, or with pg_signal_backend. A worker pod of a cluster
+torn down mid-run (the MultiKueue scenario's worker cluster going away) can still hold a session as its
+restricted login after that login was dropped, which no membership can reach: the test role gets
+pg_signal_backend from `dev.py` (ensure_postgres), and every test drops its database here."""
 
 from __future__ import annotations
 
@@ -13,13 +13,6 @@ from psycopg import sql
 
 
 def drop_database(admin_url: str, name: str) -> None:
-    """Drop `name`, first joining every role that has a session in it (where the admin role may)."""
+    """Drop `name`, ending every session still in it (the admin role holds pg_signal_backend)."""
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        connected = admin.execute("SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = %s "
-                                  "AND usename IS NOT NULL AND usename <> current_user", (name,)).fetchall()
-        for (role,) in connected:
-            try:
-                admin.execute(sql.SQL("GRANT {} TO current_user").format(sql.Identifier(role)))
-            except psycopg.Error:  # not the admin's to grant (another owner's role): the drop says so below
-                continue
         admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
