@@ -18,7 +18,7 @@ from edge.redact import redact_uri
 from edge.store import ContentStore
 from worker.blockers import Blocker
 from worker.engine import LocalInputs, SourceUnavailableError, VerifyRequest, unfetched, verify, verify_shard
-from worker.gates.storage_parts import StoragePart
+from worker.gates.storage.parts import StoragePart
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.report import Report

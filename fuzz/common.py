@@ -21,7 +21,7 @@ from worker.blockers import Blocker
 from worker.errors import ConvgateError
 from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
-from worker.gates.storage import run_storage_gate
+from worker.gates.storage.gate import run_storage_gate
 from worker.policy import Policy
 from worker.report import GateResult, Report
 from worker.summary import render_summary

@@ -39,8 +39,8 @@ import math, sys, time
 from pathlib import Path
 from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
-from worker.gates import value_checks
-from worker.gates.storage import run_storage_gate
+from worker.gates.storage import value_checks
+from worker.gates.storage.gate import run_storage_gate
 from worker.policy import Policy
 if __name__ == "__main__":
     value_checks.PARALLEL_MIN_WEIGHTS = 0  # the pool whenever CONVGATE_THREADS > 1, whatever the model's size

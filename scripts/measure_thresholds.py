@@ -32,7 +32,7 @@ from fixture_tools import quantize  # noqa: E402
 
 from worker.engine import LocalInputs, VerifyRequest, verify  # noqa: E402
 from worker.formats.gguf_structure import read_layout  # noqa: E402
-from worker.gates.layer_divergence import measure_curves  # noqa: E402
+from worker.gates.runtime.layer_divergence import measure_curves  # noqa: E402
 from worker.policy import Policy  # noqa: E402
 from worker.quality_budgets import QualityBudget  # noqa: E402
 from worker.quant.compute import COMPUTE_CLASSES, compute_classes  # noqa: E402

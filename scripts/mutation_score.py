@@ -46,9 +46,9 @@ class MutationSet:
 SETS = {
     "engine": MutationSet(
         ("worker",),
-        ("worker/formats/gguf_structure.py", "worker/gates/tensor_values.py", "worker/gates/metadata_check.py",
-         "worker/gates/tokenizer_metadata.py", "worker/gates/hyperparameters.py", "worker/policy.py",
-         "worker/blockers.py"),
+        ("worker/formats/gguf_structure.py", "worker/gates/storage/tensor_values.py",
+         "worker/gates/storage/metadata_check.py", "worker/gates/storage/tokenizer_metadata.py",
+         "worker/gates/hyperparameters.py", "worker/policy.py", "worker/blockers.py"),
         ("tests/unit/",)),
     "lifecycle": MutationSet(
         ("service",),
@@ -63,7 +63,7 @@ SETS = {
          "tests/integration/test_file_roots.py")),
     "coverage": MutationSet(
         ("worker",),
-        ("worker/gates/architectures/derived.py", "worker/gates/inventory.py", "worker/gates/systematic.py",
+        ("worker/gates/architectures/derived.py", "worker/gates/inventory.py", "worker/gates/storage/systematic.py",
          "worker/acceptance.py", "worker/quant/imatrix.py"),
         ("tests/unit/test_derived_tensors.py", "tests/unit/test_inventory_derivations.py",
          "tests/unit/test_reproduction_outcomes.py", "tests/unit/test_imatrix_files.py")),
@@ -94,11 +94,11 @@ SETS = {
         ("tests/unit/test_deadline.py", "tests/service/test_callbacks.py", "tests/service/test_callback_fairness.py")),
     "retrieval": MutationSet(  # the labelled retrieval set's figures and its decisive-pair order (issue 37)
         ("worker",),
-        ("worker/gates/labelled_retrieval.py",),
+        ("worker/gates/runtime/labelled_retrieval.py",),
         ("tests/unit/test_labelled_retrieval.py",)),
     "scale-gates": MutationSet(  # integration tests only: hours on 2 cores
         ("worker",),
-        ("worker/gates/value_checks.py", "worker/gates/storage_parts.py", "worker/runtime/streamed_model.py"),
+        ("worker/gates/storage/value_checks.py", "worker/gates/storage/parts.py", "worker/runtime/streamed_model.py"),
         ("tests/integration/test_gate1_pool.py", "tests/integration/test_shards.py",
          "tests/integration/test_streamed_reference.py",
          # a peak-memory budget means nothing under mutmut's trampolines (it reads 20 MiB over)

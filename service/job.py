@@ -22,8 +22,8 @@ from service.persistence.attempt_contract import AttemptChannel
 from service.persistence.worker_channel import channel_for
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import ConvgateError
-from worker.gates.labelled_retrieval import parse_labelled_set
-from worker.gates.storage_parts import StoragePart
+from worker.gates.runtime.labelled_retrieval import parse_labelled_set
+from worker.gates.storage.parts import StoragePart
 from worker.policy import Policy
 from worker.report import Report
 

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from service.persistence.clock import in_utc
 from worker.formats.gguf_split import shard_name
-from worker.gates.labelled_retrieval import LabelledSetDocument
+from worker.gates.runtime.labelled_retrieval import LabelledSetDocument
 from worker.policy import Policy
 
 SHA256 = r"^[0-9a-f]{64}$"

@@ -204,7 +204,7 @@ def gate1_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
     The fixtures are far below the pool's size threshold, so without this every test would take the
     single-process path and nothing would ever pickle the job (the imatrix mapping once could not be)."""
-    from worker.gates import value_checks
+    from worker.gates.storage import value_checks
 
     if request.param == "one-process":
         monkeypatch.setenv("CONVGATE_THREADS", "1")

@@ -32,7 +32,7 @@ from edge.store import ContentStore
 from edge.uri_policy import UriPolicy
 from worker.engine import SourceUnavailableError, VerifyRequest
 from worker.errors import UsageError
-from worker.gates.labelled_retrieval import LabelledSet, parse_labelled_set
+from worker.gates.runtime.labelled_retrieval import LabelledSet, parse_labelled_set
 from worker.oms import load_public_key
 from worker.policy import load_policy
 from worker.resources import ThreadSettingError, cpu_budget

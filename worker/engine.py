@@ -21,11 +21,11 @@ from worker.controls import ControlInputs, run_controls, undetected
 from worker.digests import digest_file, digest_tree, sha256_file
 from worker.errors import ConvgateError
 from worker.formats.artifact_files import artifact_paths, sibling_uri
-from worker.gates.labelled_retrieval import LabelledSet
-from worker.gates.release import run_release_gate
-from worker.gates.runtime import RuntimeMeasurements, model_kind, run_runtime_gate
-from worker.gates.storage import open_source_or_blocker, run_storage_part, validate_structure
-from worker.gates.storage_parts import StoragePart, merge_parts
+from worker.gates.release.gate import run_release_gate
+from worker.gates.runtime.gate import RuntimeMeasurements, model_kind, run_runtime_gate
+from worker.gates.runtime.labelled_retrieval import LabelledSet
+from worker.gates.storage.gate import open_source_or_blocker, run_storage_part, validate_structure
+from worker.gates.storage.parts import StoragePart, merge_parts
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix

@@ -87,7 +87,7 @@ MEASURED_COST: tuple[MeasuredCost, ...] = (
 @dataclass(frozen=True, slots=True)
 class MeasuredRetrievalCost:
     """What one recommended recipe of a precision class cost a trained embedding model on the labelled
-    retrieval set (`worker/gates/labelled_measure.py`), at 384, 128 and 64 dimensions."""
+    retrieval set (`worker/gates/runtime/labelled_measure.py`), at 384, 128 and 64 dimensions."""
 
     fixture: str
     precision: PrecisionClass

@@ -96,7 +96,7 @@ LONG_PROSE = (
 
 def long_context_texts(tokens: int, count_tokens) -> tuple[Text, ...]:
     """One text of just under `tokens` tokens (by the model's tokenizer): prose a causal LM is compared
-    along, past its sliding windows and out to the long context (worker/gates/positions.py)."""
+    along, past its sliding windows and out to the long context (worker/gates/runtime/positions.py)."""
     target = max(tokens - 8, 1)
     text = LONG_PROSE
     while count_tokens(text) <= target:

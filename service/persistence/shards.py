@@ -22,7 +22,7 @@ from service.persistence.clock import now
 from service.persistence.models import Gate1Shard, Verification
 from worker.engine import merge_shards
 from worker.errors import ConvgateError
-from worker.gates.storage_parts import MergeError, StoragePart
+from worker.gates.storage.parts import MergeError, StoragePart
 from worker.policy import Policy
 from worker.report import Report
 

@@ -17,7 +17,7 @@ import pytest
 from tests.gguf_rewrite import rewrite
 from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
-from worker.gates.chat_template import CONVERSATIONS, check_chat_template
+from worker.gates.runtime.chat_template import CONVERSATIONS, check_chat_template
 from worker.runtime.llama_process import LlamaProcess
 
 pytestmark = pytest.mark.slow

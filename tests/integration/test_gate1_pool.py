@@ -9,10 +9,10 @@ import pytest
 from tests.conftest import defect_copy, run_gate1
 from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
-from worker.gates import value_checks
 from worker.gates.architectures import architecture_for
 from worker.gates.inventory import take_inventory
-from worker.gates.value_checks import check_values
+from worker.gates.storage import value_checks
+from worker.gates.storage.value_checks import check_values
 from worker.policy import Policy
 from worker.progress import no_progress
 

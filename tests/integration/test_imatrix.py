@@ -70,7 +70,7 @@ def test_the_wrong_imatrix_fails_reproduction(imatrix_fixture):
 
 
 def test_without_its_imatrix_the_file_is_not_reported_as_a_mismatch(imatrix_fixture):
-    """Item 2 of issue 11 (its outcome is built in worker/gates/tensor_values.py): not a defect code, but
+    """Item 2 of issue 11 (its outcome is built in worker/gates/storage/tensor_values.py): not a defect code, but
     "could not be reproduced without the imatrix", which the default policy keeps NO-GO."""
     report = gate1(imatrix_fixture, "Q4_K_M", None)
     assert codes(report) == {"tensor.not_reproduced"}, report.blockers

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.gates.logit_math import ROW_BYTES
-from worker.gates.logits_stream import KEPT_ROWS, LOGITS_BLOCK_BYTES
+from worker.gates.runtime.logit_math import ROW_BYTES
+from worker.gates.runtime.logits_stream import KEPT_ROWS, LOGITS_BLOCK_BYTES
 from worker.runtime.llama_candidate import DECODE_BATCH_BYTES
 
 pytestmark = pytest.mark.slow

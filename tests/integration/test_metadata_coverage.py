@@ -17,8 +17,8 @@ import pytest
 from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
 from worker.gates.architectures import architecture_for
-from worker.gates.metadata_check import check_metadata
-from worker.gates.metadata_keys import DESCRIPTIVE
+from worker.gates.storage.metadata_check import check_metadata
+from worker.gates.storage.metadata_keys import DESCRIPTIVE
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import codes, run_gates
-from worker.gates import embedding_parity, logits_parity, tensor_values, tokenizer_parity
+from worker.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
+from worker.gates.storage import tensor_values
 from worker.policy import Policy
 from worker.summary import render_summary
 

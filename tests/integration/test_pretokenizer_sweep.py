@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import built, fixtures_root
 from tests.mutation import gguf_edit
-from worker.gates.tokenizer_parity import PROBE, check_tokenizer
+from worker.gates.runtime.tokenizer_parity import PROBE, check_tokenizer
 from worker.runtime.hf_reference import HFTokenizer
 from worker.texts import PROBE_TEXTS
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from worker.formats.source import open_source
-from worker.gates.storage import run_storage_gate, validate_structure
+from worker.gates.storage.gate import run_storage_gate, validate_structure
 from worker.policy import Policy
 
 

@@ -10,8 +10,8 @@ import pytest
 from worker.digests import sha256_file
 from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
-from worker.gates.release import run_release_gate
-from worker.gates.runtime import RuntimeMeasurements
+from worker.gates.release.gate import run_release_gate
+from worker.gates.runtime.gate import RuntimeMeasurements
 from worker.report import FileDigest
 from worker.runtime.sentence_config import sentence_config
 

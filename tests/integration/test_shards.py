@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import SUITE_POLICY, defect_copy
 from worker.engine import LocalInputs, VerifyRequest, merge_shards, verify, verify_shard
-from worker.gates.storage_parts import MergeError, assign
+from worker.gates.storage.parts import MergeError, assign
 from worker.policy import Policy
 from worker.progress import no_progress
 

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGUFReader
 
 from worker.formats.gguf_structure import read_layout
-from worker.gates.tensor_values import readers_agree
+from worker.gates.storage.tensor_values import readers_agree
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from tests.mutation.gguf_edit import KV, GGUFFile, Tensor
 from worker.formats.ggml_types import GGML_TYPES, ValueType
-from worker.gates.metadata_keys import BEHAVIOURAL, DESCRIPTIVE, NOT_READ_FOR_MODEL
+from worker.gates.storage.metadata_keys import BEHAVIOURAL, DESCRIPTIVE, NOT_READ_FOR_MODEL
 from worker.report import Report
 
 # Keys whose value the converter stamps but no runtime computes with: changing them is not a defect.

@@ -15,8 +15,8 @@ from worker.acceptance import accept_unreproduced
 from worker.formats.ggml_types import GGML_TYPES_BY_NAME
 from worker.formats.gguf_structure import TensorInfo
 from worker.formats.source import open_source
-from worker.gates.reproduction import round_input
-from worker.gates.tensor_values import check_tensor
+from worker.gates.storage.reproduction import round_input
+from worker.gates.storage.tensor_values import check_tensor
 from worker.policy import Policy
 from worker.quant import bounds, reference
 from worker.quant.grid_bounds import GRID_RULES

@@ -22,8 +22,8 @@ from worker.formats.gguf_structure import GGUFLayout, read_layout
 from worker.formats.json_input import MAX_JSON_DEPTH, json_depth, parse_json, text_depth
 from worker.formats.safetensors_strict import read_safetensors
 from worker.formats.source import SourceModel, open_source
-from worker.gates.runtime import context_size
-from worker.gates.storage import open_source_or_blocker, run_storage_gate, validate_structure
+from worker.gates.runtime.gate import context_size
+from worker.gates.storage.gate import open_source_or_blocker, run_storage_gate, validate_structure
 from worker.policy import Policy
 from worker.report import GateResult, Report
 from worker.summary import render_summary

@@ -19,7 +19,7 @@ from worker.formats.source import open_source
 from worker.gates.architectures import Architecture, Derivation, RowTransform
 from worker.gates.architectures.derived import DerivedTensor, row_slice, stacked, value_map
 from worker.gates.inventory import take_inventory
-from worker.gates.tensor_values import check_tensor
+from worker.gates.storage.tensor_values import check_tensor
 from worker.policy import Policy
 
 F32 = GGML_TYPES_BY_NAME["F32"]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from worker.formats.source import SourceModel
-from worker.gates.labelled_measure import cut_to_fit, declared_widths, within
-from worker.gates.labelled_retrieval import (
+from worker.gates.runtime.labelled_measure import cut_to_fit, declared_widths, within
+from worker.gates.runtime.labelled_retrieval import (
     LabelledSet,
     at_width,
     min_cosine_at,

@@ -14,9 +14,9 @@ from worker.formats.gguf_structure import GGUFArray, GGUFLayout, TensorInfo
 from worker.formats.source import SourceModel
 from worker.gates.architectures import architecture_for
 from worker.gates.hyperparameters import common_hyperparameters, rope_parameters, underivable_rope_scaling
-from worker.gates.metadata_check import MetadataOutcome, check_metadata
-from worker.gates.metadata_keys import disposition
-from worker.gates.tokenizer_metadata import (
+from worker.gates.storage.metadata_check import MetadataOutcome, check_metadata
+from worker.gates.storage.metadata_keys import disposition
+from worker.gates.storage.tokenizer_metadata import (
     TokenizerFiles,
     expected_flags,
     ggml_model,

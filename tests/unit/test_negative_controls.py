@@ -15,23 +15,25 @@ import pytest
 from tests.conftest import defect_copy
 from worker.blockers import Blocker
 from worker.controls import ControlInputs, run_controls, undetected
-from worker.controls import release as release_control_module
 from worker.controls.planted import Planted, newly_raised, not_applicable
-from worker.controls.runtime import embedding_control, logits_control, other_id, tokenizer_control, turned_away
-from worker.controls.storage import _row_weights, candidates_by_type, one_row, plant_site, storage_controls
 from worker.formats.ggml_types import GGMLType
 from worker.formats.gguf_structure import TensorInfo, read_layout
 from worker.formats.source import open_source
-from worker.gates import embedding_parity, logits_parity, release, tensor_values, tokenizer_parity
-from worker.gates.logits_stream import KeptBlock
-from worker.gates.runtime import RuntimeMeasurements
-from worker.gates.runtime_evidence import (
+from worker.gates.release import controls as release_control_module
+from worker.gates.release import gate as release
+from worker.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
+from worker.gates.runtime.controls import embedding_control, logits_control, other_id, tokenizer_control, turned_away
+from worker.gates.runtime.evidence import (
     EmbeddingEvidence,
     LogitsEvidence,
     Recorded,
     RuntimeEvidence,
     TokenizerEvidence,
 )
+from worker.gates.runtime.gate import RuntimeMeasurements
+from worker.gates.runtime.logits_stream import KeptBlock
+from worker.gates.storage import tensor_values
+from worker.gates.storage.controls import _row_weights, candidates_by_type, one_row, plant_site, storage_controls
 from worker.policy import Policy
 from worker.quant.imatrix import read_imatrix
 from worker.report import Control

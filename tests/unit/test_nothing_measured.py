@@ -8,9 +8,9 @@ from tests.fuzz.hostile import gguf_bytes, honest_kvs, safetensors_bytes, write_
 from tests.gguf_bytes import GGUFBytes
 from worker.formats.gguf_structure import read_layout
 from worker.formats.source import open_source
-from worker.gates.release import _remeasure_logits
-from worker.gates.runtime import RuntimeMeasurements, nothing_measured, run_runtime_gate
-from worker.gates.storage import run_storage_gate
+from worker.gates.release.gate import _remeasure_logits
+from worker.gates.runtime.gate import RuntimeMeasurements, nothing_measured, run_runtime_gate
+from worker.gates.storage.gate import run_storage_gate
 from worker.policy import Policy
 from worker.texts import submitted_texts
 

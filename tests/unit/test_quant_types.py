@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from worker.formats.ggml_types import GGML_TYPES_BY_NAME
 from worker.formats.gguf_structure import TensorInfo
 from worker.formats.source import open_source
-from worker.gates.tensor_values import check_tensor
+from worker.gates.storage.tensor_values import check_tensor
 from worker.policy import Policy
 from worker.quant import bounds, reference
 

@@ -16,8 +16,8 @@ from worker.blockers import Blocker
 from worker.formats.ggml_types import GGML_TYPES_BY_NAME
 from worker.formats.gguf_structure import TensorInfo
 from worker.formats.source import open_source
-from worker.gates.systematic import quantizer_build, reclassify
-from worker.gates.tensor_values import check_tensor
+from worker.gates.storage.systematic import quantizer_build, reclassify
+from worker.gates.storage.tensor_values import check_tensor
 from worker.policy import Policy
 from worker.quant import reference
 from worker.report import GateResult, TensorRow

@@ -7,9 +7,9 @@ import zlib
 import numpy as np
 import pytest
 
-from worker.gates.embedding_parity import check_embeddings
-from worker.gates.logits_parity import check_logits
-from worker.gates.tokenizer_parity import check_tokenizer, template_facts
+from worker.gates.runtime.embedding_parity import check_embeddings
+from worker.gates.runtime.logits_parity import check_logits
+from worker.gates.runtime.tokenizer_parity import check_tokenizer, template_facts
 from worker.policy import Policy
 from worker.runtime.sentence_config import SentenceConfig
 from worker.texts import RETRIEVAL, Text

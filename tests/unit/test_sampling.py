@@ -9,7 +9,7 @@ import pytest
 
 from worker.formats.ggml_types import GGML_TYPES_BY_NAME
 from worker.formats.gguf_structure import TensorInfo
-from worker.gates.reproduction import reproduce_chunk
+from worker.gates.storage.reproduction import reproduce_chunk
 from worker.quant import reference
 from worker.quant.sampling import SAMPLED_TYPES, block_sample, detection_probability, sampled
 

@@ -7,9 +7,9 @@ import pytest
 
 from worker.formats.ggml_types import GGML_TYPES_BY_NAME
 from worker.formats.gguf_structure import TensorInfo
-from worker.gates import tensor_values
-from worker.gates.reproduction import _is_rounding_tie
-from worker.gates.tensor_values import f32_to_bf16_bits, readers_agree
+from worker.gates.storage import tensor_values
+from worker.gates.storage.reproduction import _is_rounding_tie
+from worker.gates.storage.tensor_values import f32_to_bf16_bits, readers_agree
 from worker.quant import bounds, libggml, reference
 
 Q8_0 = GGML_TYPES_BY_NAME["Q8_0"]

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from worker.blockers import Blocker
 from worker.controls.planted import Planted, not_applicable
-from worker.controls.release import release_control
-from worker.controls.runtime import embedding_control, logits_control, tokenizer_control
-from worker.controls.storage import storage_controls
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
-from worker.gates.runtime import RuntimeMeasurements
+from worker.gates.release.controls import release_control
+from worker.gates.runtime.controls import embedding_control, logits_control, tokenizer_control
+from worker.gates.runtime.gate import RuntimeMeasurements
+from worker.gates.storage.controls import storage_controls
 from worker.policy import Policy
 from worker.quant.imatrix import ImportanceMatrix
 from worker.report import Control

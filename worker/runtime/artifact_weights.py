@@ -5,7 +5,7 @@ quantization a file was made with and llama.cpp's own arithmetic. The first is t
 quantized release (a trained causal LM at Q4_K_M moves its next-token distribution by a KL of ~0.1),
 the second is what a verifier must hold to a tight bound. Giving transformers the artifact's stored
 values, dequantized and with every converter transform undone, leaves llama.cpp's compute path as the
-only difference; the gap to the source is measured apart (`worker/gates/quality.py`).
+only difference; the gap to the source is measured apart (`worker/gates/runtime/quality.py`).
 
 Each source checkpoint key is read from the GGUF tensor gate 1's inventory pairs it with: the stored
 bytes dequantized by gguf-py (the reader gate 1 cross-checks against libggml), then a row reorder undone

@@ -214,7 +214,7 @@ class LlamaCandidate:
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool,
                     source_dir: str) -> dict[str, Any]:
-        """One conversation's token ids as three runtimes make them (see worker/gates/chat_template.py):
+        """One conversation's token ids as three runtimes make them (see worker/gates/runtime/chat_template.py):
         llama.cpp's built-in template path, llama-cpp-python's Jinja formatter on the GGUF's template, and
         transformers' `apply_chat_template` on the source's; each as ids or the error it raised. Here, in the
         child, because a hostile template is hostile input too (the Jinja renderers are sandboxed; a

@@ -27,7 +27,7 @@ from worker.formats.source import open_source
 from worker.gates.architectures import architecture_for
 from worker.gates.computed_tensors import ComputedTensor, check_computed
 from worker.gates.inventory import Pairing, take_inventory
-from worker.gates.tensor_values import check_tensor
+from worker.gates.storage.tensor_values import check_tensor
 from worker.policy import Policy
 from worker.progress import Progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker.blockers import Blocker
-from worker.gates.metadata_keys import BEHAVIOURAL
+from worker.gates.storage.metadata_keys import BEHAVIOURAL
 from worker.texts import Text
 
 # (add_special, parse_special)

@@ -28,9 +28,9 @@ from worker.blockers import Blocker
 from worker.errors import ConvgateError
 from worker.formats.artifact_files import artifact_layout
 from worker.formats.source import open_source
-from worker.gates.logits_parity import PAST_MARK
-from worker.gates.references import references
-from worker.gates.relevance_parity import RERANK_SET
+from worker.gates.runtime.logits_parity import PAST_MARK
+from worker.gates.runtime.references import references
+from worker.gates.runtime.relevance_parity import RERANK_SET
 from worker.quant.compute import COMPUTE_CLASSES, ComputeClass
 from worker.runtime.llama_process import LlamaProcess
 from worker.texts import Text

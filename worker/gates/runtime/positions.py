@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.gates.logits_parity import PastMark
+from worker.gates.runtime.logits_parity import PastMark
 
 LONG_CONTEXT_BYTES = 2 << 30  # llama.cpp's KV cache + the reference's activations of one layer, per long text
 # What a long text may cost in time, as weights x positions: each position passes every layer's matrices once

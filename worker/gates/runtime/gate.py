@@ -29,15 +29,13 @@ from worker.blockers import Blocker
 from worker.errors import CodedError, ReferenceMissingError, SourceError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
-from worker.gates.chat_template import check_chat_template
-from worker.gates.labelled_measure import declared_widths
-from worker.gates.labelled_retrieval import LabelledSet
-from worker.gates.layer_divergence import locate_divergence
-from worker.gates.loadable import refusal, vocabulary_size
-from worker.gates.positions import long_context_tokens, marks, position_gaps
-from worker.gates.references import references
-from worker.gates.runtime_evidence import Recorded, RuntimeEvidence, TokenizerEvidence
-from worker.gates.runtime_measures import (
+from worker.gates.runtime.chat_template import check_chat_template
+from worker.gates.runtime.evidence import Recorded, RuntimeEvidence, TokenizerEvidence
+from worker.gates.runtime.labelled_measure import declared_widths
+from worker.gates.runtime.labelled_retrieval import LabelledSet
+from worker.gates.runtime.layer_divergence import locate_divergence
+from worker.gates.runtime.loadable import refusal, vocabulary_size
+from worker.gates.runtime.measures import (
     ModelKind,
     RuntimeMeasurements,
     Sides,
@@ -45,7 +43,9 @@ from worker.gates.runtime_measures import (
     measure_logits,
     measure_reranker,
 )
-from worker.gates.tokenizer_parity import TokenizerResult, check_tokenizer
+from worker.gates.runtime.positions import long_context_tokens, marks, position_gaps
+from worker.gates.runtime.references import references
+from worker.gates.runtime.tokenizer_parity import TokenizerResult, check_tokenizer
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.compute import compute_classes

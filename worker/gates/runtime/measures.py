@@ -14,14 +14,20 @@ from typing import Any, Literal
 import numpy as np
 
 from worker.blockers import Blocker
-from worker.gates.embedding_parity import check_embeddings, compare_vectors, retrieval_texts, retrieval_top1, top1
-from worker.gates.labelled_measure import measure_labelled
-from worker.gates.labelled_retrieval import LabelledSet
-from worker.gates.logits_stream import LogitsStream
-from worker.gates.positions import Marks, coverage, past_mark, spans
-from worker.gates.quality import SourceGap
-from worker.gates.relevance_parity import RERANK_SET, document_order, measure_relevance
-from worker.gates.runtime_evidence import EmbeddingEvidence, LogitsEvidence, Recorded, RuntimeEvidence
+from worker.gates.runtime.embedding_parity import (
+    check_embeddings,
+    compare_vectors,
+    retrieval_texts,
+    retrieval_top1,
+    top1,
+)
+from worker.gates.runtime.evidence import EmbeddingEvidence, LogitsEvidence, Recorded, RuntimeEvidence
+from worker.gates.runtime.labelled_measure import measure_labelled
+from worker.gates.runtime.labelled_retrieval import LabelledSet
+from worker.gates.runtime.logits_stream import LogitsStream
+from worker.gates.runtime.positions import Marks, coverage, past_mark, spans
+from worker.gates.runtime.quality import SourceGap
+from worker.gates.runtime.relevance_parity import RERANK_SET, document_order, measure_relevance
 from worker.policy import Policy
 from worker.rerank_thresholds import RerankThresholds
 from worker.runtime.hf_reference import HFModel, HFTokenizer

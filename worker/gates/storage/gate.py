@@ -17,9 +17,9 @@ from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for, supported
 from worker.gates.inventory import Inventory, take_inventory
-from worker.gates.metadata_check import MetadataOutcome, check_metadata
-from worker.gates.storage_parts import StoragePart, assign, merge_parts
-from worker.gates.value_checks import check_values, pool_size
+from worker.gates.storage.metadata_check import MetadataOutcome, check_metadata
+from worker.gates.storage.parts import StoragePart, assign, merge_parts
+from worker.gates.storage.value_checks import check_values, pool_size
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImportanceMatrix

@@ -22,7 +22,7 @@ from worker.formats.artifact_files import ArtifactBytes
 from worker.formats.ggml_types import UNCHECKED_TYPES
 from worker.formats.gguf_structure import TensorInfo
 from worker.gates.architectures import RowTransform, TensorSource
-from worker.gates.reproduction import INPUT_PRECISIONS, f32_to_bf16_bits, reproduce_chunk, round_input
+from worker.gates.storage.reproduction import INPUT_PRECISIONS, f32_to_bf16_bits, reproduce_chunk, round_input
 from worker.policy import Policy
 from worker.quant import bounds, libggml, reference
 from worker.quant.sampling import block_sample, sampled

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.gates.logit_math import compare_rows, compared
-from worker.gates.logits_parity import LogitsResult, PastMark, TextFigures, conclude, not_finite
-from worker.gates.quality import PositionStats, SourceGap, joined, stats_of
+from worker.gates.runtime.logit_math import compare_rows, compared
+from worker.gates.runtime.logits_parity import LogitsResult, PastMark, TextFigures, conclude, not_finite
+from worker.gates.runtime.quality import PositionStats, SourceGap, joined, stats_of
 from worker.runtime.hf_reference import HFModel
 from worker.runtime.llama_process import LlamaProcess, Pending
 from worker.texts import Text

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.blockers import Blocker
-from worker.gates.logit_math import ComparedRows, compared
+from worker.gates.runtime.logit_math import ComparedRows, compared
 from worker.quality_budgets import QualityBudget
 from worker.texts import PROBE_PREFIX, Text
 

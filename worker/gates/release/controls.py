@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from worker.controls.planted import Planted
-from worker.gates import release
+from worker.gates.release import gate as release
 
 CHECK = "release digest"
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from worker.controls.planted import Planted, newly_raised, not_applicable
-from worker.gates import embedding_parity, logits_parity, tokenizer_parity
-from worker.gates.runtime_evidence import EmbeddingEvidence, LogitsEvidence, TokenizerEvidence
-from worker.gates.tokenizer_parity import COMBINATIONS
+from worker.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
+from worker.gates.runtime.evidence import EmbeddingEvidence, LogitsEvidence, TokenizerEvidence
+from worker.gates.runtime.tokenizer_parity import COMBINATIONS
 from worker.texts import Text
 
 TOKENIZER, EMBEDDINGS, LOGITS = "tokenizer ids", "embeddings", "logits"

@@ -20,10 +20,10 @@ from worker.errors import ReferenceMissingError, UnsupportedTypeError
 from worker.formats.artifact_files import ArtifactBytes, artifact_bytes
 from worker.formats.gguf_structure import GGUFLayout, TensorInfo
 from worker.formats.source import SourceModel
-from worker.gates import tensor_values
 from worker.gates.architectures import RowTransform, architecture_for
 from worker.gates.computed_tensors import ComputedTensor
 from worker.gates.inventory import Pairing, take_inventory
+from worker.gates.storage import tensor_values
 from worker.policy import Policy
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix
 from worker.quant.sampling import block_sample, sampled

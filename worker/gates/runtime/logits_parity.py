@@ -4,7 +4,7 @@ Both sides get llama.cpp's token ids, so the comparison isolates the numbers (to
 separately). NMSE, KL(reference || candidate) per position (mean, p99, max) and top-1 agreement are each
 held to a policy threshold fixed before measuring. Figures are gathered a block of positions at a time
 (`TextFigures.add`) and only per-position scalars are kept, so a text's [positions, vocabulary] logits never
-need to exist at once (`worker/gates/logits_stream.py` asks for them block by block).
+need to exist at once (`worker/gates/runtime/logits_stream.py` asks for them block by block).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from worker.blockers import Blocker
-from worker.gates.logit_math import ComparedRows, compared
+from worker.gates.runtime.logit_math import ComparedRows, compared
 from worker.policy import Policy
 from worker.texts import Text
 from worker.thresholds import RuntimeThresholds

@@ -17,8 +17,8 @@ import numpy as np
 
 from worker.blockers import Blocker
 from worker.formats.source import SourceModel
-from worker.gates.embedding_parity import retrieval_texts
-from worker.gates.labelled_retrieval import (
+from worker.gates.runtime.embedding_parity import retrieval_texts
+from worker.gates.runtime.labelled_retrieval import (
     LabelledSet,
     at_width,
     min_cosine_at,
@@ -27,7 +27,7 @@ from worker.gates.labelled_retrieval import (
     served_widths,
     shipped_set,
 )
-from worker.gates.quality import SourceGap
+from worker.gates.runtime.quality import SourceGap
 from worker.runtime.hf_reference import HFModel, HFTokenizer
 from worker.runtime.llama_process import LlamaProcess
 from worker.runtime.sentence_config import SentenceConfig

@@ -20,7 +20,7 @@ from worker.errors import SourceError
 from worker.formats.sentencepiece_model import read_pieces
 from worker.formats.source import SourceModel
 from worker.gates.expectation import Expectation
-from worker.gates.tokenizer_parity import special_token_ids, template_facts
+from worker.gates.runtime.tokenizer_parity import special_token_ids, template_facts
 
 # gguf TokenType values (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

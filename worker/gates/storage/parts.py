@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict
 
 from worker.blockers import Blocker
 from worker.errors import ConvgateError
-from worker.gates.systematic import reclassify
-from worker.gates.value_checks import CheckedPair
+from worker.gates.storage.systematic import reclassify
+from worker.gates.storage.value_checks import CheckedPair
 from worker.policy import Policy
 from worker.quant.sampling import sampling_details
 from worker.report import GateResult, TensorRow

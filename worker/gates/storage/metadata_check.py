@@ -21,9 +21,14 @@ from worker.formats.source import SourceModel
 from worker.gates.architectures import Architecture
 from worker.gates.expectation import NO_DEFAULT, Expectation
 from worker.gates.hyperparameters import underivable_rope_scaling
-from worker.gates.loadable import tensor_expectations
-from worker.gates.metadata_keys import disposition
-from worker.gates.tokenizer_metadata import TokenizerFiles, converter_notes, flag_findings, tokenizer_expectations
+from worker.gates.runtime.loadable import tensor_expectations
+from worker.gates.storage.metadata_keys import disposition
+from worker.gates.storage.tokenizer_metadata import (
+    TokenizerFiles,
+    converter_notes,
+    flag_findings,
+    tokenizer_expectations,
+)
 from worker.report import MetadataCheck
 from worker.runtime.sentence_config import LLAMA_POOLING, sentence_config
 

@@ -20,10 +20,10 @@ from worker.digests import digest_file
 from worker.errors import ReferenceMissingError
 from worker.formats.artifact_files import artifact_paths
 from worker.formats.gguf_structure import GGUFLayout
-from worker.gates.embedding_parity import retrieval_top1, top1
-from worker.gates.loadable import refusal, vocabulary_size
-from worker.gates.relevance_parity import RERANK_SET, candidate_scores, changed_orders, document_order
-from worker.gates.runtime import RuntimeMeasurements
+from worker.gates.runtime.embedding_parity import retrieval_top1, top1
+from worker.gates.runtime.gate import RuntimeMeasurements
+from worker.gates.runtime.loadable import refusal, vocabulary_size
+from worker.gates.runtime.relevance_parity import RERANK_SET, candidate_scores, changed_orders, document_order
 from worker.report import FileDigest, GateResult
 from worker.rerank_thresholds import RELEASE_SCORE_TOLERANCE
 from worker.runtime.llama_candidate import CandidateLoadError

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.blockers import Blocker
-from worker.gates.logits_stream import KeptBlock
+from worker.gates.runtime.logits_stream import KeptBlock
 from worker.policy import Policy
 from worker.runtime.sentence_config import SentenceConfig
 from worker.texts import Text
