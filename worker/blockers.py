@@ -11,7 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-Gate = Literal["storage", "runtime", "release", "input", "verifier"]
+GateName = Literal["storage", "runtime", "release"]  # the registered gates (worker/gates/registry.py)
+Gate = Literal[GateName, "input", "verifier"]  # what a blocker is filed under: a gate, the input or the verifier
 
 BLOCKER_CODES: dict[str, str] = {
     # --- GGUF structure (our bounded parser, before gguf-py or llama.cpp open the file) ---

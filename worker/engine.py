@@ -11,32 +11,28 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from worker.acceptance import accept_unreproduced
 from worker.blockers import Blocker
-from worker.controls import ControlInputs, run_controls, undetected
+from worker.controls.run import ControlInputs, run_controls, undetected
 from worker.digests import digest_file, digest_tree, sha256_file
 from worker.errors import ConvgateError
 from worker.formats.artifact_files import artifact_paths, sibling_uri
-from worker.gates.release.gate import run_release_gate
-from worker.gates.runtime.gate import RuntimeMeasurements, model_kind, run_runtime_gate
-from worker.gates.runtime.labelled_retrieval import LabelledSet
-from worker.gates.storage.gate import open_source_or_blocker, run_storage_part, validate_structure
+from worker.gates import registry
+from worker.gates.contract import GateContext, GateOutcome
+from worker.gates.storage.gate import open_source_or_blocker, storage_notes, validate_structure
 from worker.gates.storage.parts import StoragePart, merge_parts
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
-from worker.report import Control, FileDigest, GateResult, Report, SignatureCheck, TensorRow
+from worker.report import Control, FileDigest, GateResult, Report, SignatureCheck
+from worker.request import LocalInputs, VerifyRequest
 from worker.resources import cpu_budget
-from worker.runtime.sentence_config import sentence_config
-from worker.signature_check import SignatureInput, check_signatures
-from worker.texts import submitted_texts
+from worker.signature_check import check_signatures
 from worker.versions import package_version
 
-GATE_NAMES = {1: "storage", 2: "runtime", 3: "release"}
 ALWAYS_NOT_VERIFIED = (
     "retrieval quality against ground truth (only agreement with the reference model is measured)",
     "behaviour on inputs outside the verified text set",
@@ -52,67 +48,6 @@ class SourceUnavailableError(ConvgateError):
     """The source model cannot be read at all: no verdict is possible (CLI exit 2)."""
 
     code = "engine.source_unavailable"
-
-
-@dataclass(frozen=True, kw_only=True)
-class VerifyRequest:
-    """What to check and how."""
-
-    expected_sha256: str | None = None
-    gates: frozenset[int] = frozenset({1, 2, 3})
-    texts: tuple[str, ...] | None = None  # the submitter's texts without a set name (slice `submitted`)
-    text_sets: Mapping[str, tuple[str, ...]] | None = None  # named sets: one slice each (a language, a domain)
-    kind: str = "auto"
-    imatrix_sha256: str | None = None
-    # a gguf-split artifact: every shard's expected sha256 in order, the first shard's included; when given,
-    # each must match (expected_sha256, if also given, is the first's)
-    shard_sha256: tuple[str, ...] = ()
-    # publishers' OMS signatures: their pinned digests, and the public keys (PEM) trusted to have made them,
-    # which come from the operator's configuration, never from the submitter
-    source_signature_sha256: str | None = None
-    artifact_signature_sha256: str | None = None
-    trusted_signers: tuple[str, ...] = ()
-    # the submitter's own labelled retrieval set for an embedding model (gate 2's built-in one otherwise)
-    labelled_set: LabelledSet | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LocalInputs:
-    """Where the bytes are: local paths, and the URI the report names the artifact by."""
-
-    source: Path
-    source_uri: str | None = None  # default: the source directory's file:// URI
-    artifact: Path
-    artifact_uri: str | None = None  # default: the artifact's file:// URI
-    release_files: tuple[Path, ...] = ()
-    imatrix: Path | None = None  # the importance matrix the artifact was quantized with, if any
-    imatrix_uri: str | None = None  # default: the imatrix's file:// URI
-    source_signature: Path | None = None  # the source publisher's OMS signature, if any
-    source_signature_uri: str | None = None
-    artifact_signature: Path | None = None  # the artifact publisher's OMS signature, if any
-    artifact_signature_uri: str | None = None
-
-    def signatures(self, request: VerifyRequest) -> list[SignatureInput]:
-        """The publishers' signatures given, each named by its URI and pinned by its expected digest."""
-        found = []
-        if self.source_signature is not None:
-            found.append(SignatureInput(of="source", path=self.source_signature,
-                                        uri=self.source_signature_uri or self.source_signature.absolute().as_uri(),
-                                        expected_sha256=request.source_signature_sha256))
-        if self.artifact_signature is not None:
-            found.append(SignatureInput(of="artifact", path=self.artifact_signature,
-                                        uri=self.artifact_signature_uri or self.artifact_signature.absolute().as_uri(),
-                                        expected_sha256=request.artifact_signature_sha256))
-        return found
-
-    @property
-    def artifact_name(self) -> str:
-        return self.artifact_uri or self.artifact.absolute().as_uri()
-
-    @property
-    def source_name(self) -> str:
-        """What the report calls the source: the URI it was asked by, not the store path it was fetched to."""
-        return self.source_uri or self.source.absolute().as_uri()
 
 
 def environment() -> dict[str, str]:
@@ -133,8 +68,8 @@ class _Run:
         self.gates: dict[str, GateResult] = {}
         self.files: list[FileDigest] = []
         self.timings: dict[str, float] = {}
-        self.not_verified = [f"gate {g} ({GATE_NAMES[g]}) was not requested" for g in (1, 2, 3)
-                             if g not in request.gates]
+        self.not_verified = [f"gate {gate.number} ({gate.name}) was not requested" for gate in registry.GATES
+                             if gate.number not in request.gates]
         self.artifact: FileDigest | None = None
         self.imatrix: FileDigest | None = None
         self.controls: list[Control] = []
@@ -142,13 +77,18 @@ class _Run:
 
     def stop_all(self, blocker: Blocker | tuple[Blocker, ...], why: str) -> None:
         self.blockers.extend(blocker if isinstance(blocker, tuple) else (blocker,))
-        for gate in sorted(self.request.gates):
-            self.gates[GATE_NAMES[gate]] = GateResult(name=GATE_NAMES[gate], status="not_run", details={"why": why})
+        for gate in registry.requested(self.request.gates):
+            self.gates[gate.name] = GateResult(name=gate.name, status="not_run", details={"why": why})
 
-    def record(self, result: GateResult, blockers: list[Blocker]) -> None:
-        self.gates[result.name] = result
-        self.timings[result.name] = result.seconds
-        self.blockers.extend(blockers)
+    def record(self, outcome: GateOutcome, pieces: int) -> None:
+        """One gate's outcome into the report: its result (a part of gate 1 waits for the merge), blockers,
+        notes, and the release package's files after the artifact's `pieces`."""
+        if outcome.result is not None:
+            self.gates[outcome.result.name] = outcome.result
+            self.timings[outcome.result.name] = outcome.result.seconds
+        self.blockers.extend(outcome.blockers)
+        self.not_verified.extend(outcome.not_verified)
+        self.files[pieces:pieces] = outcome.package_files
 
     def check_signatures(self, inputs: LocalInputs, policy: Policy, pieces: int) -> None:
         """The publishers' signatures against the files digested so far (the artifact's `pieces`, then the
@@ -209,21 +149,6 @@ def _load_imatrix(run: _Run, request: VerifyRequest, inputs: LocalInputs) -> Imp
     return matrix
 
 
-def sampled_note(sample: dict) -> str:
-    """The not-verified line of a sampled gate 1: what was skipped and what the sample can promise."""
-    one = sample["detection_probability"]["1"]
-    ten = sample["detection_probability"]["10"]
-    return (f"K-quant super-blocks re-quantized on a sample: {sample['super_blocks_reproduced']} of "
-            f"{sample['super_blocks_total']} (fraction {sample['fraction']}, seed sha256 {sample['seed'][:16]}...); "
-            f"a single corrupted super-block is caught with probability {one:.3g}, ten with {ten:.3g}")
-
-
-def _storage_notes(storage: GateResult) -> list[str]:
-    """What gate 1 declares not verified: a sampled reproduction, and the GGUF keys it does not compare."""
-    notes = [sampled_note(sample)] if (sample := storage.details.get("sampling")) else []
-    return notes + list(storage.details.get("metadata_not_verified", []))
-
-
 def _shifted(progress: Progress, before: int, total: int) -> Callable[[int, int], None]:
     """One file's hashing progress as progress through all of the artifact's files."""
     return lambda done, _size: progress("sha256", before + done, total)
@@ -264,14 +189,6 @@ def _digest_mismatches(request: VerifyRequest, files: int, shards: dict[int, Fil
     return tuple(found)
 
 
-def _every_row(part: StoragePart | None) -> dict[str, TensorRow] | None:
-    """Gate 1's row of every tensor by GGUF name, when this process checked them all (one part of one)."""
-    if part is None or part.shards != 1:
-        return None
-    rows = {pair.row.gguf_name: pair.row for pair in part.checked if pair.row is not None}
-    return rows if len(part.checked) == len(part.pair_names) else None
-
-
 def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress, shard: int,
                  shards: int) -> tuple[Report, StoragePart | None]:
     """One shard of a verification split over pods: (the report without gate 1's values, this shard's part
@@ -306,38 +223,18 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
     if isinstance(source, Blocker):
         run.stop_all(source, "the source model was refused")
         return run.report(policy), None
-    part = None
-    if 1 in request.gates:
-        found = run_storage_part(artifact, layout, source, policy, progress, imatrix=imatrix, imatrix_file=run.imatrix,
-                                 sample_seed=sha, shard=shard, shards=shards)
-        if isinstance(found, StoragePart):
-            part = found
-        else:  # the architecture cannot be paired: the same failed gate in every shard
-            run.record(*found)
+    context = GateContext(request=request, inputs=inputs, policy=policy, progress=progress, pieces=pieces,
+                          layout=layout, source=source, imatrix=imatrix, imatrix_file=run.imatrix, shard=shard,
+                          shards=shards)
+    for gate in registry.requested(request.gates):
+        if shard == 0 or gate.every_shard:
+            run.record(gate.run(context), len(pieces))
+    part = context.part
     if shard != 0:
         return run.report(policy), part
-    measured: RuntimeMeasurements | None = None
-    if 2 in request.gates:
-        submitted = submitted_texts(request.texts, request.text_sets)
-        result, blockers, measured = run_runtime_gate(artifact, layout, source, policy, submitted, request.kind,
-                                                      progress, storage_rows=_every_row(part),
-                                                      labelled=request.labelled_set)
-        run.record(result, blockers)
-        run.not_verified.extend(f"input kind: {gap}" for gap in result.details.get("not_covered", []))
-        if skipped := result.details.get("skipped_texts"):
-            run.not_verified.append(f"texts longer than the context, not measured: {', '.join(skipped)}")
-    if 3 in request.gates:
-        sentence = sentence_config(source)
-        kind = measured.kind if measured else model_kind(source, sentence, request.kind)
-        result, blockers, package = run_release_gate(artifact, pieces, layout, sentence, measured, kind,
-                                                     inputs.release_files)
-        run.record(result, blockers)
-        run.files[len(pieces):len(pieces)] = package[len(pieces):]
-        if measured is None:
-            run.not_verified.append("gate 3 top-1 results were not compared with gate 2 (gate 2 did not run)")
     ran = {name for name, gate in run.gates.items() if gate.status != "not_run"} | ({"storage"} if part else set())
     run.check_controls(ControlInputs(artifact=artifact, artifact_sha256=sha, layout=layout, source=source,
-                                     policy=policy, imatrix=imatrix, runtime=measured,
+                                     policy=policy, imatrix=imatrix, runtime=context.measured,
                                      gates_run=frozenset(ran)))
     return run.report(policy), part
 
@@ -349,10 +246,10 @@ def merge_shards(head: Report, parts: list[StoragePart], policy: Policy) -> Repo
     storage, storage_blockers = merge_parts(parts, policy)
     gates = {"storage": storage, **head.gates}
     blockers, accepted = accept_unreproduced(storage_blockers + head.blockers, gates, policy)
-    kept = head.not_verified[: len(head.not_verified) - len(ALWAYS_NOT_VERIFIED)]
+    kept = [note for note in head.not_verified if note not in ALWAYS_NOT_VERIFIED]
     return head.model_copy(update={
         "verdict": "NO-GO" if blockers else "GO", "blockers": blockers, "gates": gates,
-        "not_verified": kept + _storage_notes(storage) + accepted + list(ALWAYS_NOT_VERIFIED),
+        "not_verified": kept + storage_notes(storage) + accepted + list(ALWAYS_NOT_VERIFIED),
         "timings": {"storage": storage.seconds, **head.timings},
     })
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from worker.blockers import Blocker, safe_text
+from worker.blockers import Blocker, GateName, safe_text
 
 CheckKind = Literal["bit-exact", "reproduced", "bounded"]
 
@@ -50,7 +50,7 @@ class MetadataCheck(BaseModel):
 
 
 class GateResult(BaseModel):
-    name: Literal["storage", "runtime", "release"]
+    name: GateName
     status: Literal["passed", "failed", "not_run"]
     seconds: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
@@ -62,7 +62,7 @@ class Control(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gate: Literal["storage", "runtime", "release"]
+    gate: GateName
     check: str  # the comparison exercised: tensor values, tokenizer ids, embeddings, logits, release digest
     defect: str  # what was planted, in words
     location: str | None = None  # where: tensor and byte, text and position

@@ -14,13 +14,13 @@ import pytest
 
 from tests.conftest import defect_copy
 from worker.blockers import Blocker
-from worker.controls import ControlInputs, run_controls, undetected
 from worker.controls.planted import Planted, newly_raised, not_applicable
+from worker.controls.run import ControlInputs, run_controls, undetected
 from worker.formats.ggml_types import GGMLType
 from worker.formats.gguf_structure import TensorInfo, read_layout
 from worker.formats.source import open_source
 from worker.gates.release import controls as release_control_module
-from worker.gates.release import gate as release
+from worker.gates.release import digest as release
 from worker.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
 from worker.gates.runtime.controls import embedding_control, logits_control, other_id, tokenizer_control, turned_away
 from worker.gates.runtime.evidence import (

@@ -1,42 +1,22 @@
 """The negative controls of one run: before a GO is trusted, every gate that ran must fail on a copy of this
-very artifact's measurements with one planted defect. A control that passes becomes a blocker."""
+very artifact's measurements with one planted defect. A control that passes becomes a blocker. Each gate
+says which controls it has (`Gate.plants`); this loop times them and writes them into the report."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 from worker.blockers import Blocker
-from worker.controls.planted import Planted, not_applicable
-from worker.formats.gguf_structure import GGUFLayout
-from worker.formats.source import SourceModel
-from worker.gates.release.controls import release_control
-from worker.gates.runtime.controls import embedding_control, logits_control, tokenizer_control
-from worker.gates.runtime.gate import RuntimeMeasurements
-from worker.gates.storage.controls import storage_controls
-from worker.policy import Policy
-from worker.quant.imatrix import ImportanceMatrix
+from worker.controls.planted import Planted
+from worker.gates import registry
+from worker.gates.contract import ControlInputs, Plant
 from worker.report import Control
 
-
-@dataclass(frozen=True, kw_only=True)
-class ControlInputs:
-    """What the gates measured, as the engine holds it after running them."""
-
-    artifact: Path
-    artifact_sha256: str
-    layout: GGUFLayout
-    source: SourceModel
-    policy: Policy
-    imatrix: ImportanceMatrix | None = None
-    runtime: RuntimeMeasurements | None = None  # gate 2's measurements, when it measured anything
-    gates_run: frozenset[str] = frozenset()  # names of the gates that ran ("storage", "runtime", "release")
+__all__ = ["ControlInputs", "run_controls", "undetected"]
 
 
-def _timed(gate: str, plant: Callable[[], list[Planted]]) -> list[Control]:
-    """Run one gate's plants; they share the seconds they took together (choosing the tensors is shared work)."""
+def _timed(gate: str, plant: Plant) -> list[Control]:
+    """Run one plant; its defects share the seconds they took together (choosing the tensors is shared work)."""
     started = time.perf_counter()
     try:
         found = plant()
@@ -49,37 +29,10 @@ def _timed(gate: str, plant: Callable[[], list[Planted]]) -> list[Control]:
                     seconds=seconds) for planted in found]
 
 
-def _storage_plants(inputs: ControlInputs) -> list[Planted]:
-    return storage_controls(inputs.artifact, inputs.layout, inputs.source, inputs.policy, inputs.imatrix,
-                            inputs.artifact_sha256)
-
-
-def _runtime_plants(inputs: ControlInputs) -> list[Callable[[], list[Planted]]]:
-    """One plant per comparison gate 2 ran, each timed (and failing) on its own."""
-    evidence = inputs.runtime.evidence if inputs.runtime else None
-    if evidence is None:
-        return [lambda: [not_applicable("runtime", "gate 2 measured nothing to plant a defect in")]]
-    texts, plants = evidence.texts, []
-    if (tokenizer := evidence.tokenizer) is not None:
-        plants.append(lambda: [tokenizer_control(texts, tokenizer)])
-    if (embeddings := evidence.embeddings) is not None:
-        plants.append(lambda: [embedding_control(texts, embeddings)])
-    if (logits := evidence.logits) is not None:
-        plants.append(lambda: [logits_control(texts, logits)])
-    return plants
-
-
 def run_controls(inputs: ControlInputs) -> list[Control]:
     """The controls of every gate that ran, in gate order."""
-    controls: list[Control] = []
-    if "storage" in inputs.gates_run:
-        controls += _timed("storage", lambda: _storage_plants(inputs))
-    if "runtime" in inputs.gates_run:
-        for plant in _runtime_plants(inputs):
-            controls += _timed("runtime", plant)
-    if "release" in inputs.gates_run:
-        controls += _timed("release", lambda: [release_control(inputs.artifact, inputs.artifact_sha256)])
-    return controls
+    return [control for gate in registry.GATES if gate.name in inputs.gates_run
+            for plant in gate.plants(inputs) for control in _timed(gate.name, plant)]
 
 
 def undetected(controls: list[Control]) -> list[Blocker]:

@@ -20,24 +20,19 @@ from worker.digests import digest_file
 from worker.errors import ReferenceMissingError
 from worker.formats.artifact_files import artifact_paths
 from worker.formats.gguf_structure import GGUFLayout
+from worker.gates.contract import ControlInputs, GateContext, GateName, GateOutcome, Plant
+from worker.gates.release import digest
+from worker.gates.release.controls import release_control
 from worker.gates.runtime.embedding_parity import retrieval_top1, top1
-from worker.gates.runtime.gate import RuntimeMeasurements
+from worker.gates.runtime.gate import RuntimeMeasurements, model_kind
 from worker.gates.runtime.loadable import refusal, vocabulary_size
 from worker.gates.runtime.relevance_parity import RERANK_SET, candidate_scores, changed_orders, document_order
 from worker.report import FileDigest, GateResult
 from worker.rerank_thresholds import RELEASE_SCORE_TOLERANCE
 from worker.runtime.llama_candidate import CandidateLoadError
 from worker.runtime.llama_process import LlamaCrashedError, LlamaProcess
-from worker.runtime.sentence_config import SentenceConfig
+from worker.runtime.sentence_config import SentenceConfig, sentence_config
 from worker.texts import RETRIEVAL
-
-
-def digest_changed(actual_sha256: str, measured_sha256: str, name: str) -> Blocker | None:
-    """The released bytes must be the bytes measured: any other digest is another file."""
-    if actual_sha256 == measured_sha256:
-        return None
-    return Blocker(code="release.file_changed", gate="release",
-                   why=f"{name} changed after it was measured; it is not the file verified")
 
 
 def _remeasure_embedding(candidate: LlamaProcess, layout: GGUFLayout, sentence: SentenceConfig,
@@ -152,7 +147,7 @@ def run_release_gate(
             blockers.append(Blocker(code="release.missing_file", gate="release", why=f"{path}: {exc.strerror}"))
     details["package"] = [f.model_dump() for f in files]
     changed = [found for path, now, then in zip(paths, reread, measured_files, strict=True)
-               if (found := digest_changed(now.sha256, then.sha256, path.name))]
+               if (found := digest.digest_changed(now.sha256, then.sha256, path.name))]
     if changed:
         blockers.extend(changed)
     elif kind is None:
@@ -181,3 +176,27 @@ def run_release_gate(
         status = "not_run"
     return GateResult(name="release", status=status, seconds=time.perf_counter() - started, details=details), \
         blockers, files
+
+
+class ReleaseGate:
+    """Gate 3. It runs in the first pod only, last: it re-measures what gate 2 recorded, when gate 2 ran."""
+
+    number = 3
+    name: GateName = "release"
+    every_shard = False
+
+    def run(self, context: GateContext) -> GateOutcome:
+        sentence = sentence_config(context.source)
+        measured = context.measured
+        kind = measured.kind if measured else model_kind(context.source, sentence, context.request.kind)
+        result, blockers, package = run_release_gate(context.artifact, context.pieces, context.layout, sentence,
+                                                     measured, kind, context.inputs.release_files)
+        notes = [] if measured else ["gate 3 top-1 results were not compared with gate 2 (gate 2 did not run)"]
+        return GateOutcome(result=result, blockers=blockers, not_verified=notes,
+                           package_files=package[len(context.pieces):])
+
+    def plants(self, inputs: ControlInputs) -> list[Plant]:
+        return [lambda: [release_control(inputs.artifact, inputs.artifact_sha256)]]
+
+
+RELEASE = ReleaseGate()

@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from worker.blockers import Blocker
+from worker.controls.planted import not_applicable
 from worker.errors import CodedError, ReferenceMissingError, SourceError
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel
+from worker.gates.contract import ControlInputs, GateContext, GateName, GateOutcome, Plant
 from worker.gates.runtime.chat_template import check_chat_template
+from worker.gates.runtime.controls import embedding_control, logits_control, tokenizer_control
 from worker.gates.runtime.evidence import Recorded, RuntimeEvidence, TokenizerEvidence
 from worker.gates.runtime.labelled_measure import declared_widths
 from worker.gates.runtime.labelled_retrieval import LabelledSet
@@ -46,6 +49,7 @@ from worker.gates.runtime.measures import (
 from worker.gates.runtime.positions import long_context_tokens, marks, position_gaps
 from worker.gates.runtime.references import references
 from worker.gates.runtime.tokenizer_parity import TokenizerResult, check_tokenizer
+from worker.gates.storage.parts import StoragePart
 from worker.policy import Policy
 from worker.progress import Progress, no_progress
 from worker.quant.compute import compute_classes
@@ -62,10 +66,11 @@ from worker.texts import (
     Text,
     long_context_texts,
     near_context_texts,
+    submitted_texts,
     uncovered_inputs,
 )
 
-__all__ = ["ModelKind", "RuntimeMeasurements", "context_size", "model_kind", "run_runtime_gate"]
+__all__ = ["RUNTIME", "ModelKind", "RuntimeMeasurements", "context_size", "model_kind", "run_runtime_gate"]
 
 
 def is_reranker(config: Mapping[str, Any]) -> bool:
@@ -315,3 +320,47 @@ def run_runtime_gate(
     status = "failed" if blockers else "passed"
     result = GateResult(name="runtime", status=status, seconds=time.perf_counter() - started, details=details)
     return result, blockers, measured
+
+
+def every_row(part: StoragePart | None) -> dict[str, TensorRow] | None:
+    """Gate 1's row of every tensor by GGUF name, when this process checked them all (one part of one)."""
+    if part is None or part.shards != 1:
+        return None
+    rows = {pair.row.gguf_name: pair.row for pair in part.checked if pair.row is not None}
+    return rows if len(part.checked) == len(part.pair_names) else None
+
+
+class RuntimeGate:
+    """Gate 2. It runs in the first pod only, after gate 1, whose proof of equal weights spares a reference."""
+
+    number = 2
+    name: GateName = "runtime"
+    every_shard = False
+
+    def run(self, context: GateContext) -> GateOutcome:
+        request = context.request
+        submitted = submitted_texts(request.texts, request.text_sets)
+        result, blockers, context.measured = run_runtime_gate(
+            context.artifact, context.layout, context.source, context.policy, submitted, request.kind,
+            context.progress, storage_rows=every_row(context.part), labelled=request.labelled_set)
+        notes = [f"input kind: {gap}" for gap in result.details.get("not_covered", [])]
+        if skipped := result.details.get("skipped_texts"):
+            notes.append(f"texts longer than the context, not measured: {', '.join(skipped)}")
+        return GateOutcome(result=result, blockers=blockers, not_verified=notes)
+
+    def plants(self, inputs: ControlInputs) -> list[Plant]:
+        """One plant per comparison gate 2 ran, each timed (and failing) on its own."""
+        evidence = inputs.runtime.evidence if inputs.runtime else None
+        if evidence is None:
+            return [lambda: [not_applicable("runtime", "gate 2 measured nothing to plant a defect in")]]
+        texts, plants = evidence.texts, []
+        if (tokenizer := evidence.tokenizer) is not None:
+            plants.append(lambda: [tokenizer_control(texts, tokenizer)])
+        if (embeddings := evidence.embeddings) is not None:
+            plants.append(lambda: [embedding_control(texts, embeddings)])
+        if (logits := evidence.logits) is not None:
+            plants.append(lambda: [logits_control(texts, logits)])
+        return plants
+
+
+RUNTIME = RuntimeGate()

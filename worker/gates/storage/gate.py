@@ -16,7 +16,9 @@ from worker.formats.artifact_files import read_artifact
 from worker.formats.gguf_structure import GGUFLayout
 from worker.formats.source import SourceModel, open_source
 from worker.gates.architectures import architecture_for, supported
+from worker.gates.contract import ControlInputs, GateContext, GateName, GateOutcome, Plant
 from worker.gates.inventory import Inventory, take_inventory
+from worker.gates.storage.controls import storage_controls
 from worker.gates.storage.metadata_check import MetadataOutcome, check_metadata
 from worker.gates.storage.parts import StoragePart, assign, merge_parts
 from worker.gates.storage.value_checks import check_values, pool_size
@@ -123,3 +125,44 @@ def run_storage_gate(
     part = run_storage_part(artifact, layout, source, policy, progress, imatrix=imatrix, imatrix_file=imatrix_file,
                             sample_seed=sample_seed)
     return merge_parts([part], policy) if isinstance(part, StoragePart) else part
+
+
+def sampled_note(sample: dict) -> str:
+    """The not-verified line of a sampled gate 1: what was skipped and what the sample can promise."""
+    one = sample["detection_probability"]["1"]
+    ten = sample["detection_probability"]["10"]
+    return (f"K-quant super-blocks re-quantized on a sample: {sample['super_blocks_reproduced']} of "
+            f"{sample['super_blocks_total']} (fraction {sample['fraction']}, seed sha256 {sample['seed'][:16]}...); "
+            f"a single corrupted super-block is caught with probability {one:.3g}, ten with {ten:.3g}")
+
+
+def storage_notes(storage: GateResult) -> list[str]:
+    """What gate 1 declares not verified: a sampled reproduction, and the GGUF keys it does not compare."""
+    notes = [sampled_note(sample)] if (sample := storage.details.get("sampling")) else []
+    return notes + list(storage.details.get("metadata_not_verified", []))
+
+
+class StorageGate:
+    """Gate 1. It runs in every pod of a split verification, each checking its share of the tensors; its
+    parts are merged (with the notes above) once all have reported, so its outcome here is usually a part."""
+
+    number = 1
+    name: GateName = "storage"
+    every_shard = True
+
+    def run(self, context: GateContext) -> GateOutcome:
+        found = run_storage_part(context.artifact, context.layout, context.source, context.policy, context.progress,
+                                 imatrix=context.imatrix, imatrix_file=context.imatrix_file,
+                                 sample_seed=context.artifact_sha256, shard=context.shard, shards=context.shards)
+        if isinstance(found, StoragePart):
+            context.part = found
+            return GateOutcome()
+        result, blockers = found  # the architecture cannot be paired: the same failed gate in every shard
+        return GateOutcome(result=result, blockers=blockers)
+
+    def plants(self, inputs: ControlInputs) -> list[Plant]:
+        return [lambda: storage_controls(inputs.artifact, inputs.layout, inputs.source, inputs.policy, inputs.imatrix,
+                                         inputs.artifact_sha256)]
+
+
+STORAGE = StorageGate()

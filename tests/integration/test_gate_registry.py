@@ -1,0 +1,83 @@
+"""The gate registry is the one place the engine and the controls learn which gates exist: gates run in its
+order, only when requested, the first pod runs every gate and the others only those that run in every shard,
+and each gate's outcome and negative controls reach the report. Shown with stand-in gates on a real
+(tiny-llama) artifact, so the engine's own checks before the gates (digest, structure, source) run for real."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import get_args
+
+import pytest
+
+from tests.conftest import SUITE_POLICY
+from worker.blockers import Blocker, GateName
+from worker.controls.planted import Planted
+from worker.engine import LocalInputs, VerifyRequest, verify, verify_shard
+from worker.gates import registry
+from worker.gates.contract import ControlInputs, GateContext, GateOutcome, Plant
+from worker.progress import no_progress
+from worker.report import GateResult
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_registry_holds_the_three_gates_in_number_order() -> None:
+    assert [(gate.number, gate.name) for gate in registry.GATES] == [(1, "storage"), (2, "runtime"), (3, "release")]
+    assert {gate.name for gate in registry.GATES} == set(get_args(GateName))
+    assert [gate.every_shard for gate in registry.GATES] == [True, False, False]
+    assert [gate.number for gate in registry.requested(frozenset({3, 1}))] == [1, 3]
+
+
+@dataclass
+class StandIn:
+    """A gate that records its runs and plants one control that its own check detects."""
+
+    number: int
+    name: GateName
+    every_shard: bool = False
+    ran: list[int] = field(default_factory=list)  # the shard of each run
+    planted: int = 0
+
+    def run(self, context: GateContext) -> GateOutcome:
+        self.ran.append(context.shard)
+        result = GateResult(name=self.name, status="failed" if self.number == 3 else "passed", seconds=0.5,
+                            details={"shard": context.shard})
+        blockers = [Blocker(code="release.file_changed", gate="release", why="stand-in")] if self.number == 3 else []
+        return GateOutcome(result=result, blockers=blockers, not_verified=[f"{self.name}: stand-in note"])
+
+    def plants(self, inputs: ControlInputs) -> list[Plant]:
+        def plant() -> list[Planted]:
+            self.planted += 1
+            return [Planted(check=f"{self.name} check", defect="stand-in defect", detected_by=("stand.in",))]
+        return [plant]
+
+
+@pytest.fixture
+def stand_ins(monkeypatch: pytest.MonkeyPatch) -> tuple[StandIn, ...]:
+    gates = (StandIn(1, "storage", every_shard=True), StandIn(2, "runtime"), StandIn(3, "release"))
+    monkeypatch.setattr(registry, "GATES", gates)
+    return gates
+
+
+def test_only_the_requested_gates_run_in_order_and_each_outcome_reaches_the_report(tiny_llama, stand_ins) -> None:
+    inputs = LocalInputs(source=tiny_llama / "source", artifact=tiny_llama / "tiny-llama-F16.gguf")
+    report = verify(VerifyRequest(gates=frozenset({1, 3})), inputs, SUITE_POLICY)
+    storage, runtime, release = stand_ins
+    assert (storage.ran, runtime.ran, release.ran) == ([0], [], [0])
+    assert list(report.gates) == ["storage", "release"]
+    assert report.timings["release"] == 0.5
+    assert [blocker.code for blocker in report.blockers] == ["release.file_changed"]
+    assert {"gate 2 (runtime) was not requested", "storage: stand-in note", "release: stand-in note"} <= set(
+        report.not_verified)
+    assert [control.gate for control in report.controls] == ["storage", "release"]  # each gate that ran
+    assert (storage.planted, runtime.planted, release.planted) == (1, 0, 1)
+
+
+def test_a_later_shard_runs_only_the_gates_that_run_in_every_shard(tiny_llama, stand_ins) -> None:
+    inputs = LocalInputs(source=tiny_llama / "source", artifact=tiny_llama / "tiny-llama-F16.gguf")
+    report, part = verify_shard(VerifyRequest(), inputs, SUITE_POLICY, no_progress, 1, 2)
+    storage, runtime, release = stand_ins
+    assert (storage.ran, runtime.ran, release.ran) == ([1], [], [])
+    assert list(report.gates) == ["storage"] and part is None
+    assert report.controls == []  # controls are the first pod's, over the merged verification
