@@ -92,7 +92,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 # images take it as one small layer on top of their dependencies.
 FROM venv AS project
 COPY pyproject.toml README.md /src/
-COPY worker /src/worker
+COPY engine /src/engine
 COPY service /src/service
 COPY edge /src/edge
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \

@@ -222,9 +222,9 @@ def ensure_container_tools() -> None:
 
 def test(pytest_args: list[str]) -> int:
     """Lint and type-check, build every fixture, run the whole suite."""
-    _check(VENV / "bin" / "ruff", "check", "worker", "service", "edge", "fuzz", "tests", "scripts", "migrations",
+    _check(VENV / "bin" / "ruff", "check", "engine", "service", "edge", "fuzz", "tests", "scripts", "migrations",
            "dev.py")
-    _check(VENV / "bin" / "mypy", "worker", "service", "edge")
+    _check(VENV / "bin" / "mypy", "engine", "service", "edge")
     pg_admin = os.environ.get("CONVGATE_TEST_PG") or ensure_postgres()
     ensure_chromium()
     ensure_load_generator()
@@ -273,7 +273,7 @@ def _run_halves(env: dict[str, str], builds_beside: tuple[tuple[str | Path, ...]
     reports = CACHE / "last-run"  # each pytest's JUnit XML: every test's duration, for whoever makes the suite faster
     reports.mkdir(parents=True, exist_ok=True)
     common = (PYTHON, "-m", "pytest", "--durations=20")
-    # one thread each for torch, OpenMP and llama.cpp (worker/resources.py): two halves each running 2-thread
+    # one thread each for torch, OpenMP and llama.cpp (engine/resources.py): two halves each running 2-thread
     # pools on 2 cores spin against each other (a SmolLM2 verification twice at once: 189 s; at 1 thread: 52 s)
     env = {"CONVGATE_THREADS": "1", **env}
     fixtures = (PYTHON, ROOT / "scripts" / "build_fixtures.py", "--out", FIXTURES)

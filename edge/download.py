@@ -18,7 +18,7 @@ from edge.redact import redact_uri
 from edge.retry import RetryLaterError, RetryPolicy, parse_retry_after
 from edge.transport import checked_client
 from edge.uri_policy import UriPolicy, UriRefusedError
-from worker.digests import CHUNK_BYTES
+from engine.digests import CHUNK_BYTES
 
 MAX_REDIRECTS = 5
 RETRY_STATUSES = frozenset({408, 425, 429})  # and every 5xx

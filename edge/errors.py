@@ -9,7 +9,7 @@ Both messages are redacted when built, so no secret travels inside an exception.
 from __future__ import annotations
 
 from edge.redact import redact
-from worker.errors import CodedError, ConvgateError
+from engine.errors import CodedError, ConvgateError
 
 
 class FetchError(CodedError):

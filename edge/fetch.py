@@ -17,8 +17,8 @@ from edge.hub import Hub, fetch_hf_file, fetch_hf_snapshot
 from edge.redact import redact_uri
 from edge.store import ContentStore
 from edge.uri_policy import UriRefusedError, hf_parts
-from worker.formats.artifact_files import sibling_uri, split_shard_uris
-from worker.formats.gguf_split import shard_name
+from engine.formats.artifact_files import sibling_uri, split_shard_uris
+from engine.formats.gguf_split import shard_name
 
 
 def _mismatch(actual: str, expected: str) -> FetchError:

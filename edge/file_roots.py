@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
-from worker.errors import ConvgateError
+from engine.errors import ConvgateError
 
 
 class OutsideRootsError(ConvgateError, ValueError):

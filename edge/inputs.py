@@ -16,12 +16,12 @@ from edge.errors import FetchError
 from edge.fetch import fetch_artifact, fetch_source, fetch_split_artifact, local_file, named_local_split, one_file
 from edge.redact import redact_uri
 from edge.store import ContentStore
-from worker.blockers import Blocker
-from worker.engine import LocalInputs, SourceUnavailableError, VerifyRequest, unfetched, verify, verify_shard
-from worker.gates.storage.parts import StoragePart
-from worker.policy import Policy
-from worker.progress import Progress, no_progress
-from worker.report import Report
+from engine.blockers import Blocker
+from engine.gates.storage.parts import StoragePart
+from engine.policy import Policy
+from engine.progress import Progress, no_progress
+from engine.report import Report
+from engine.verification import LocalInputs, SourceUnavailableError, VerifyRequest, unfetched, verify, verify_shard
 
 
 @dataclass(frozen=True, kw_only=True)

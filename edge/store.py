@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.digests import sha256_file
+from engine.digests import sha256_file
 
 
 @dataclass(frozen=True)

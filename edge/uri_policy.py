@@ -20,7 +20,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from edge.addresses import IPAddress, refusal
 from edge.file_roots import OutsideRootsError, file_uri_path, inside
 from edge.redact import redact, redact_uri
-from worker.errors import ConvgateError
+from engine.errors import ConvgateError
 
 HF_URI = re.compile(r"^hf://(?P<repo>[\w.-]+/[\w.-]+)@(?P<rev>[0-9a-f]{40})(?:/(?P<path>.+))?$")
 UNSAFE_TEXT = re.compile(r"[\x00-\x20\x7f-\x9f\s]|%00")

@@ -16,15 +16,15 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from engine.blockers import Blocker
+from engine.errors import ConvgateError
+from engine.formats.gguf_structure import read_layout
+from engine.formats.source import open_source
+from engine.gates.storage.gate import run_storage_gate
+from engine.policy import Policy
+from engine.report import GateResult, Report
+from engine.summary import render_summary
 from tests.fuzz.hostile import write_honest_pair
-from worker.blockers import Blocker
-from worker.errors import ConvgateError
-from worker.formats.gguf_structure import read_layout
-from worker.formats.source import open_source
-from worker.gates.storage.gate import run_storage_gate
-from worker.policy import Policy
-from worker.report import GateResult, Report
-from worker.summary import render_summary
 
 Target = Callable[[bytes], None]
 ALLOWED = (ConvgateError,)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.formats.gguf_structure import parse_buffer
 from fuzz.common import main
-from worker.formats.gguf_structure import parse_buffer
 
 
 def one_input(data: bytes) -> None:

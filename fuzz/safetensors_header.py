@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from engine.formats.safetensors_strict import read_safetensors
 from fuzz.common import main, scratch
-from worker.formats.safetensors_strict import read_safetensors
 
 
 def one_input(data: bytes) -> None:

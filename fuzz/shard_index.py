@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from engine.formats.source import INDEX_NAME, open_source
 from fuzz.common import honest_copy, main
-from worker.formats.source import INDEX_NAME, open_source
 
 
 def one_input(data: bytes) -> None:

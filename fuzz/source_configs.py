@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
+from engine.formats.source import open_source
+from engine.runtime.sentence_config import sentence_config
 from fuzz.common import gate1, honest_copy, main
-from worker.formats.source import open_source
-from worker.runtime.sentence_config import sentence_config
 
 FILES = ("tokenizer.json", "tokenizer_config.json", "modules.json", "config_sentence_transformers.json",
          "1_Pooling/config.json", "config.json", "chat_template.jinja")

@@ -198,8 +198,8 @@ def main() -> None:
     chosen = set(args.verify.split(","))
     from fixture_tools import convert, llama_cpp_tree, quantize
 
+    from engine.digests import sha256_file
     from tests.gguf_split_writer import resplit
-    from worker.digests import sha256_file
 
     shapes = SMOKE if args.smoke else LLAMA2_7B
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="convgate-7b-"))

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from worker.resources import cpu_budget
+from engine.resources import cpu_budget
 
 BASELINE = """
 import sys, time, numpy as np
@@ -37,11 +37,11 @@ print(time.perf_counter() - t, n)
 GATE1 = """
 import math, sys, time
 from pathlib import Path
-from worker.formats.gguf_structure import read_layout
-from worker.formats.source import open_source
-from worker.gates.storage import value_checks
-from worker.gates.storage.gate import run_storage_gate
-from worker.policy import Policy
+from engine.formats.gguf_structure import read_layout
+from engine.formats.source import open_source
+from engine.gates.storage import value_checks
+from engine.gates.storage.gate import run_storage_gate
+from engine.policy import Policy
 if __name__ == "__main__":
     value_checks.PARALLEL_MIN_WEIGHTS = 0  # the pool whenever CONVGATE_THREADS > 1, whatever the model's size
     t = time.perf_counter()

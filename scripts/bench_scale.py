@@ -38,7 +38,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
-from worker.gates.storage.value_checks import PARALLEL_MIN_WEIGHTS  # noqa: E402
+from engine.gates.storage.value_checks import PARALLEL_MIN_WEIGHTS  # noqa: E402
 
 TEXTS = REPO / "examples" / "english.txt"
 # (hidden, layers, intermediate) per nominal size in billions; the 151,936-token embedding is tied

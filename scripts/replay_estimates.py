@@ -52,13 +52,13 @@ def errors(url: str, pool: int | None) -> dict[str, ReplayError]:
 
 def generate(count: int, concurrency: int, seed: int) -> str:
     """A real service's history of `count` gate-1 runs; returns its database URL."""
+    from engine.digests import sha256_file
     from service.config import Settings
     from service.dispatch.loop import DispatchLoop
     from service.persistence.db import transaction
     from service.persistence.migrate import upgrade
     from service.schemas import SubmitRequest
     from service.verifications import admit, submit
-    from worker.digests import sha256_file
 
     fixtures = ROOT / ".fixtures"
     workdir = Path(tempfile.mkdtemp(prefix="convgate-replay-"))

@@ -35,11 +35,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from edge.uri_policy import UriPolicy
+from engine.errors import ConvgateError
 from service.config import Settings
 from service.persistence import callbacks as callback_store
 from service.persistence.callbacks import CallbackState, secret_for
 from service.persistence.clock import as_utc
-from worker.errors import ConvgateError
 
 DELIVERY_NAMESPACE = uuid.UUID("6f1c1f0e-4b7a-5d2e-9a51-0c6e8a1d2b3f")
 SECRET_PREFIX = "cgcb_"

@@ -16,12 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from edge.redact import install_log_redaction
-from service.attestations.cli import attestation_app, keys_app
-from service.auth import Role, digest, new_secret
-from service.client import ApiError, Client
-from service.config import Settings
-from worker.cli import (
+from edge.cli import (
     EXIT_CANNOT_RUN,
     EXIT_GO,
     EXIT_NO_GO,
@@ -30,7 +25,12 @@ from worker.cli import (
     read_lines_named,
     verify_command,
 )
-from worker.errors import UsageError
+from edge.redact import install_log_redaction
+from engine.errors import UsageError
+from service.attestations.cli import attestation_app, keys_app
+from service.auth import Role, digest, new_secret
+from service.client import ApiError, Client
+from service.config import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Verify model conversions before they ship.")
 app.command("verify")(verify_command)

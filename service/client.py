@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from worker.errors import ConvgateError
+from engine.errors import ConvgateError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 

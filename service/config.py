@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.policy import Policy
+from engine.policy import Policy
 
 EMBEDDED_HOME = Path(".convgate")
 POLICY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")

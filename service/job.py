@@ -16,16 +16,16 @@ from typing import Any
 from edge.inputs import fetch_and_verify, fetch_and_verify_shard
 from edge.redact import install_log_redaction, redact
 from edge.store import ContentStore
+from engine.errors import ConvgateError
+from engine.gates.runtime.labelled_retrieval import parse_labelled_set
+from engine.gates.storage.parts import StoragePart
+from engine.policy import Policy
+from engine.report import Report
+from engine.verification import SourceUnavailableError, VerifyRequest
 from service.config import Settings
 from service.fetching import fetch_policy, input_uris
 from service.persistence.attempt_contract import AttemptChannel
 from service.persistence.worker_channel import channel_for
-from worker.engine import SourceUnavailableError, VerifyRequest
-from worker.errors import ConvgateError
-from worker.gates.runtime.labelled_retrieval import parse_labelled_set
-from worker.gates.storage.parts import StoragePart
-from worker.policy import Policy
-from worker.report import Report
 
 log = logging.getLogger("convgate.job")
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from worker.errors import ConvgateError
+from engine.errors import ConvgateError
 
 
 class State(StrEnum):

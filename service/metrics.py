@@ -20,13 +20,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy import exc as db_errors
 from sqlalchemy.orm import Session, sessionmaker
 
+from engine.blockers import BLOCKER_CODES
 from service.lifecycle import Reason, State
 from service.persistence import stats
 from service.persistence.clock import as_utc, now
 from service.persistence.db import read_transaction
 from service.persistence.queue_history import history
 from service.queue_replay import predicted_start, replayed_error
-from worker.blockers import BLOCKER_CODES
 
 log = logging.getLogger(__name__)
 GATE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)

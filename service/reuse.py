@@ -37,12 +37,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from edge.uri_policy import HF_URI
+from engine.versions import package_version
 from service.config import Settings
 from service.fetching import public_request
 from service.persistence import repository
 from service.persistence import reuse as reuse_store
 from service.persistence.models import Verification
-from worker.versions import package_version
 
 # Not what was verified: where the artifact was fetched from, its announced size, a deployment choice
 # (shards), and the callback.

@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from engine.formats.gguf_split import shard_name
+from engine.gates.runtime.labelled_retrieval import LabelledSetDocument
+from engine.policy import Policy
 from service.persistence.clock import in_utc
-from worker.formats.gguf_split import shard_name
-from worker.gates.runtime.labelled_retrieval import LabelledSetDocument
-from worker.policy import Policy
 
 SHA256 = r"^[0-9a-f]{64}$"
 GateNumber = Literal[1, 2, 3]

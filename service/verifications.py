@@ -14,6 +14,10 @@ from sqlalchemy.orm import Session
 from edge.file_roots import file_uri_path
 from edge.redact import redact, redact_uri
 from edge.uri_policy import UriRefusedError
+from engine.blockers import safe_text
+from engine.errors import ConvgateError
+from engine.formats.artifact_files import artifact_paths, split_shard_uris
+from engine.policy import VERSION_MAX_CHARS, Policy
 from service import callbacks, reuse
 from service.attestations.oms import publisher_keys
 from service.config import INLINE_VERSION_PREFIX, Settings
@@ -22,10 +26,6 @@ from service.persistence import repository
 from service.persistence.clock import as_utc
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
-from worker.blockers import safe_text
-from worker.errors import ConvgateError
-from worker.formats.artifact_files import artifact_paths, split_shard_uris
-from worker.policy import VERSION_MAX_CHARS, Policy
 
 
 class SubmissionError(ConvgateError, ValueError):

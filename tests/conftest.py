@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.formats.gguf_structure import read_layout
+from engine.policy import Policy
+from engine.report import Report
+from engine.verification import LocalInputs, VerifyRequest, verify
 from tests.coverage_marks import claims_of
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.formats.gguf_structure import read_layout
-from worker.policy import Policy
-from worker.report import Report
 
 REPO = Path(__file__).resolve().parent.parent
 MINILM_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")
@@ -178,7 +178,7 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[int]]:
     """Gate 2's reference passes: base-model passes counted per reference model (a streamed reference's one
     padded batch of every text is one pass)."""
     counted: Counter[int] = Counter()
-    from worker.runtime import hf_reference
+    from engine.runtime import hf_reference
 
     body = hf_reference.HFModel._body
 
@@ -204,7 +204,7 @@ def gate1_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
     The fixtures are far below the pool's size threshold, so without this every test would take the
     single-process path and nothing would ever pickle the job (the imatrix mapping once could not be)."""
-    from worker.gates.storage import value_checks
+    from engine.gates.storage import value_checks
 
     if request.param == "one-process":
         monkeypatch.setenv("CONVGATE_THREADS", "1")

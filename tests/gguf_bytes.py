@@ -6,7 +6,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.formats.ggml_types import SCALAR_FORMATS, ValueType
+from engine.formats.ggml_types import SCALAR_FORMATS, ValueType
 
 
 def gguf_string(text: str | bytes) -> bytes:

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.formats.ggml_types import ValueType
 from tests.mutation import gguf_edit
-from worker.formats.ggml_types import ValueType
 
 _TYPES = ((bool, ValueType.BOOL), (int, ValueType.UINT32), (float, ValueType.FLOAT32), (str, ValueType.STRING))
 

@@ -11,6 +11,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
+from engine.formats.artifact_files import uri_name
 from service.api import access_log
 from service.api.deps import Principal, SettingsDep, caller
 from service.api.endpoints import VerificationId, _visible
@@ -21,7 +22,6 @@ from service.attestations.issue import vsa_for
 from service.attestations.oms import model_signature_for
 from service.attestations.vsa import SummaryUnavailableError
 from service.auth import READ_OWN_OR_ANY
-from worker.formats.artifact_files import uri_name
 
 DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 ENVELOPE = {"schema": {"type": "object", "required": ["payload", "payloadType", "signatures"]}}

@@ -14,11 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from engine.errors import ConvgateError
 from service.attestations.keys import KeyFileError
 from service.persistence.cursors import InvalidCursorError
 from service.schemas import ErrorOut
 from service.verifications import IdempotencyConflictError, PolicyRefusedError, SubmissionError
-from worker.errors import ConvgateError
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut, "description": description} for code, description in (

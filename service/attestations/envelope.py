@@ -26,10 +26,10 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import Signature
 
+from engine.errors import ConvgateError
 from service.attestations.keys import SigningKey, keyid_of, sslib_key
 from service.attestations.statement import Statement, statement_json
 from service.attestations.vsa import VSA_PREDICATE_TYPE, VsaStatement
-from worker.errors import ConvgateError
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from worker.errors import ConvgateError
+from engine.errors import ConvgateError
 
 if TYPE_CHECKING:
     from service.config import Settings

@@ -21,12 +21,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy.orm import Session
 
+from engine import oms
+from engine.formats.artifact_files import split_shard_uris, uri_name
 from service.attestations.keys import KeyFileError, any_public_key, generated_pem, read_key_file
 from service.config import Settings
 from service.persistence import repository
 from service.persistence.models import Verification
-from worker import oms
-from worker.formats.artifact_files import split_shard_uris, uri_name
 
 GENERATED_MODEL_SIGNING_KEY = Path("keys") / "model-signing-p256.pem"  # under the cache dir, when none is configured
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
+from engine.digests import sha256_file
 from service.attestations.statement import Statement, Subject
 from service.attestations.vsa import VsaStatement
-from worker.digests import sha256_file
 
 
 def _parts(name: str) -> tuple[str, ...]:

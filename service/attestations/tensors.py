@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from engine.formats.gguf_structure import GGUFStructureError, read_layout
 from service.attestations.statement import Statement
-from worker.formats.gguf_structure import GGUFStructureError, read_layout
 
 CHUNK_BYTES = 4 << 20
 

@@ -23,9 +23,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from engine.errors import ConvgateError
+from engine.formats.artifact_files import other_shards_in
 from service.attestations.statement import NOT_RECORDED, Attested, Digest, Subject, _Strict, statement_json
-from worker.errors import ConvgateError
-from worker.formats.artifact_files import other_shards_in
 
 VSA_PREDICATE_TYPE = "https://slsa.dev/verification_summary/v1"
 VERIFIER_ID = "https://convgate.dev/verifier/v1"

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from worker.errors import ConvgateError
+from engine.errors import ConvgateError
 
 
 class LaunchError(ConvgateError):

@@ -10,11 +10,11 @@ import socket
 import subprocess
 import sys
 
+from engine.errors import ConvgateError
+from engine.resources import THREADS_SETTING, cpu_budget
 from service.config import Settings
 from service.dispatch.base import WorkerExit
 from service.persistence.attempt_contract import ATTEMPT_SECRET_ENV
-from worker.errors import ConvgateError
-from worker.resources import THREADS_SETTING, cpu_budget
 
 WORKER_ENV_KEYS = ("database_url", "cache_dir", "allow_file_uris", "allowed_hosts", "allow_private_addresses",
                    "trusted_hosts", "hf_endpoint", "lease_seconds", "max_attempts", "file_roots", "fetch_attempts",

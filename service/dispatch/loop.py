@@ -10,6 +10,7 @@ from datetime import timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from edge.redact import install_log_redaction
+from engine.errors import ConvgateError
 from service.config import Settings
 from service.dispatch.base import Dispatcher, LaunchError, WorkerExit
 from service.dispatch.local import LocalPool
@@ -19,7 +20,6 @@ from service.persistence.attempt_secrets import issue_attempt_secret
 from service.persistence.db import transaction
 from service.persistence.worker_reports import apply_worker_reports
 from service.ticker import Ticker
-from worker.errors import ConvgateError
 
 log = logging.getLogger("convgate.dispatch")
 

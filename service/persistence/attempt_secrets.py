@@ -16,9 +16,9 @@ from sqlalchemy import update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
+from engine.errors import ConvgateError
 from service.lifecycle import State
 from service.persistence.models import Verification
-from worker.errors import ConvgateError
 
 SECRET_BYTES = 32  # 256 bits, URL-safe base64: 43 characters
 

@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from worker.errors import ConvgateError
+from engine.errors import ConvgateError
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 MAX_CURSOR_CHARS = 256

@@ -3,7 +3,7 @@
 Every shard of the current attempt files its part here (directly, or through the control plane
 applying a restricted worker's `shard-<k>` report). The verification's row is locked first (SELECT
 ... FOR UPDATE on Postgres; SQLite serialises writers), so of two shards finishing together exactly
-one sees every part stored: that one merges the parts (`worker.engine.merge_shards`, the code a
+one sees every part stored: that one merges the parts (`engine.verification.merge_shards`, the code a
 single worker runs) and records the verdict through `repository.record_verdict`, fenced like any
 verdict. A part filed again (a retried pod of the same index) changes nothing.
 """
@@ -16,15 +16,15 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from engine.errors import ConvgateError
+from engine.gates.storage.parts import MergeError, StoragePart
+from engine.policy import Policy
+from engine.report import Report
+from engine.verification import merge_shards
 from service.lifecycle import State
 from service.persistence import repository
 from service.persistence.clock import now
 from service.persistence.models import Gate1Shard, Verification
-from worker.engine import merge_shards
-from worker.errors import ConvgateError
-from worker.gates.storage.parts import MergeError, StoragePart
-from worker.policy import Policy
-from worker.report import Report
 
 
 class ShardRefusedError(ConvgateError, ValueError):

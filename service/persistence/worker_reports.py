@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from engine.errors import ConvgateError
+from engine.report import Report
 from service.persistence.clock import now
 from service.persistence.models import WorkerReport
 from service.persistence.worker_channel import SessionAttempt
-from worker.errors import ConvgateError
-from worker.report import Report
 
 log = logging.getLogger("convgate.worker_reports")
 ACCEPTED, REFUSED, INVALID = "accepted", "refused", "invalid"

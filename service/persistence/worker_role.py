@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
+from engine.errors import ConvgateError
 from service.persistence.db import make_engine
-from worker.errors import ConvgateError
 
 # The functions a worker may call (the helpers they share are never granted).
 WORKER_FUNCTIONS = (

@@ -67,7 +67,7 @@ def minilm_request() -> SubmitRequest:
     artifact = MINILM / "minilm-Q8_0.gguf"
     if not artifact.exists() or not (MINILM / "source").is_dir():
         pytest.skip("MiniLM fixtures are not built (python scripts/build_fixtures.py)")
-    from worker.digests import sha256_file
+    from engine.digests import sha256_file
 
     return SubmitRequest(source_uri=(MINILM / "source").as_uri(), artifact_uri=artifact.as_uri(),
                          artifact_sha256=sha256_file(artifact), gates=[1])

@@ -103,7 +103,7 @@ def minilm() -> Path:
 
 
 def sha256(path: Path) -> str:
-    from worker.digests import sha256_file
+    from engine.digests import sha256_file
 
     return sha256_file(path)
 

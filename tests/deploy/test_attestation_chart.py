@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import PurePosixPath
 
+from engine.oms import load_public_key
 from service.config import Settings
 from tests.deploy.test_deploy import VALUE_SETS, render
-from worker.oms import load_public_key
 
 
 def _by_kind(docs, kind, name_suffix=""):

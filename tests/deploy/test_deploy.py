@@ -243,7 +243,7 @@ def test_production_network_policies_pin_every_address():
 
 
 def test_configured_policies_reach_the_settings_and_the_schema_refuses_bad_ones(monkeypatch):
-    from worker.policy import Policy
+    from engine.policy import Policy
 
     strict = ["--set", "policies.strict.version=platform-1", "--set", "policies.strict.tie_ulps=1",
               "--set", "metrics.public=false"]
@@ -273,14 +273,14 @@ def test_callback_values_reach_the_settings_and_the_schema_refuses_bad_ones(monk
 
 
 def test_the_chart_policy_schema_is_the_policy_model():
-    """values.schema.json embeds worker/policy.py's JSON schema; regenerate it with
+    """values.schema.json embeds engine/policy.py's JSON schema; regenerate it with
     `python tests/deploy/test_deploy.py` when the Policy changes."""
     chart = json.loads((CHART / "values.schema.json").read_text())
     assert chart["$defs"] == policy_definitions()
 
 
 def policy_definitions() -> dict[str, Any]:
-    from worker.policy import Policy
+    from engine.policy import Policy
 
     schema = Policy.model_json_schema()
     return {"Policy": {key: value for key, value in schema.items() if key != "$defs"}, **schema["$defs"]}

@@ -33,7 +33,7 @@ def server(sqlite_url, tmp_path) -> Iterator[LiveServer]:
 
 
 def verify_once(server: LiveServer, token: str) -> None:
-    from worker.digests import sha256_file
+    from engine.digests import sha256_file
 
     artifact = built("minilm", "minilm-Q6_K.gguf") / "minilm-Q8_0.gguf"
     body = {"source_uri": (artifact.parent / "source").as_uri(), "artifact_uri": artifact.as_uri(),

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME, ValueType
 from tests.gguf_bytes import GGUFBytes, gguf_string, kv_array, kv_scalar, kv_string, tensor_info
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME, ValueType
 
 VOCAB = ["a", "b", "ab", "c", "<|end|>", "hi"]
 HIDDEN = 64

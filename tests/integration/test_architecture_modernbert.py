@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.formats.gguf_structure import read_layout
+from engine.report import Report
 from tests.conftest import blocked_tensors, codes, defect_copy, run_gates
 from tests.gguf_rewrite import rewrite
 from tests.integration.test_gates_runtime_release import ENGLISH
-from worker.formats.gguf_structure import read_layout
-from worker.report import Report
 
 pytestmark = pytest.mark.slow
 ARCH = "modern-bert"
@@ -109,7 +109,7 @@ def test_modernbert_with_another_layer_norm_epsilon_is_no_go(modernbert: Path, t
 def test_modernbert_expectations_follow_norm_eps_and_transformers_defaults() -> None:
     """A config with only `norm_eps` (what transformers saves): the epsilon llama.cpp must read is that one,
     and a classifier pools as transformers' default (`cls`) unless the config says otherwise."""
-    from worker.gates.architectures import architecture_for
+    from engine.gates.architectures import architecture_for
 
     arch = architecture_for(ARCH, {"architectures": ["ModernBertModel"], "num_hidden_layers": 2, "norm_eps": 1e-6})
     assert arch is not None

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.formats.gguf_structure import read_layout
+from engine.policy import Policy
+from engine.report import Report
 from tests.conftest import blocked_tensors, codes, defect_copy, run_gates
 from tests.gguf_rewrite import rewrite
 from tests.integration.test_gates_runtime_release import ENGLISH
-from worker.formats.gguf_structure import read_layout
-from worker.policy import Policy
-from worker.report import Report
 
 pytestmark = pytest.mark.slow
 

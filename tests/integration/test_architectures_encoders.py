@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from engine.formats.gguf_structure import read_layout
+from engine.policy import Policy
+from engine.quality_budgets import QualityBudget
+from engine.quant.precision import PRECISION_CLASSES
+from engine.report import Report
 from tests.conftest import blocked_tensors, codes, defect_copy, run_gates
 from tests.gguf_rewrite import rewrite
-from worker.formats.gguf_structure import read_layout
-from worker.policy import Policy
-from worker.quality_budgets import QualityBudget
-from worker.quant.precision import PRECISION_CLASSES
-from worker.report import Report
 
 pytestmark = pytest.mark.slow
 XLMR = "bert (XLM-RoBERTa)"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.formats.gguf_structure import read_layout
+from engine.formats.source import open_source
+from engine.gates.runtime.chat_template import CONVERSATIONS, check_chat_template
+from engine.runtime.llama_process import LlamaProcess
 from tests.gguf_rewrite import rewrite
-from worker.formats.gguf_structure import read_layout
-from worker.formats.source import open_source
-from worker.gates.runtime.chat_template import CONVERSATIONS, check_chat_template
-from worker.runtime.llama_process import LlamaProcess
 
 pytestmark = pytest.mark.slow
 BOS_FIRST = "{{ bos_token }}"

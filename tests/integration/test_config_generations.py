@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.formats.gguf_structure import read_layout
 from tests.conftest import built, codes, fixtures_root, run_gate1
-from worker.formats.gguf_structure import read_layout
 
 pytestmark = pytest.mark.slow
 ARCHITECTURES = ("arch-llama", "arch-mistral", "arch-qwen2", "arch-qwen3moe", "arch-gemma2", "arch-gemma3",

@@ -341,7 +341,7 @@ def test_tmp_is_clean_after_success(https_server, policy, store):
 
 
 def test_hf_source_snapshot_at_a_pinned_commit(hub, store):
-    from worker.digests import digest_tree
+    from engine.digests import digest_tree
 
     files = {"config.json": b'{"model_type": "bert"}', "model.safetensors": b"\0" * 64}
     ROUTES[f"/api/models/org/src/revision/{COMMIT}"] = (200, {"Content-Type": "application/json"}, json.dumps(

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.gates.architectures import llama as architectures
 from tests.conftest import blocked_tensors, run_gate1
-from worker.gates.architectures import llama as architectures
 
 pytestmark = pytest.mark.slow
 

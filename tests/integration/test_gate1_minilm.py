@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from engine.policy import Policy
 from tests.conftest import MINILM_TYPES, blocked_tensors, codes, defect_copy, run_gate1
 from tests.gguf_rewrite import rewrite
-from worker.policy import Policy
 
 pytestmark = pytest.mark.slow
 Q_NAME = "blk.0.attn_q.weight"
@@ -69,7 +69,7 @@ def test_one_nan_is_not_finite(minilm, tmp_path):
                       gates="1", defect="two same-shape tensors swapped")
 def test_swapped_same_shape_tensors_are_both_named(minilm, tmp_path):
     src = minilm / "minilm-F32.gguf"
-    from worker.formats.gguf_structure import read_layout
+    from engine.formats.gguf_structure import read_layout
 
     layout = read_layout(src)
     k = layout.tensor("blk.0.attn_k.weight")
@@ -87,7 +87,7 @@ def test_swapped_same_shape_tensors_are_both_named(minilm, tmp_path):
 def element_inside_bound_after_plus_one(minilm) -> int:
     """A byte offset in the Q8_0 tensor whose code +1 still meets the Q8_0 error bound (< 0.55 d),
     while its source value is far (> 1e-3 steps) from a rounding tie."""
-    from worker.formats.gguf_structure import read_layout
+    from engine.formats.gguf_structure import read_layout
 
     path = minilm / "minilm-Q8_0.gguf"
     info = read_layout(path).tensor(Q_NAME)
@@ -152,7 +152,7 @@ def test_pooling_type_changed_is_pooling_mismatch(minilm, tmp_path):
 
 def test_wrong_source_tensor_is_caught_through_the_permuted_reproduction(minilm, tmp_path):
     """Gate 1 must not pass a quantized tensor built from other data (ffn_up of block 1 vs 0)."""
-    from worker.formats.gguf_structure import read_layout
+    from engine.formats.gguf_structure import read_layout
 
     src = minilm / "minilm-Q4_K_M.gguf"
     layout = read_layout(src)
@@ -167,8 +167,8 @@ def test_wrong_source_tensor_is_caught_through_the_permuted_reproduction(minilm,
 
 
 def test_a_type_no_independent_reader_handles_is_a_blocker_not_a_crash(minilm, monkeypatch):
-    from worker.errors import UnsupportedTypeError
-    from worker.quant import reference
+    from engine.errors import UnsupportedTypeError
+    from engine.quant import reference
 
     real = reference.dequantize
 

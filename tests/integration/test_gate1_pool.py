@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.formats.gguf_structure import read_layout
+from engine.formats.source import open_source
+from engine.gates.architectures import architecture_for
+from engine.gates.inventory import take_inventory
+from engine.gates.storage import value_checks
+from engine.gates.storage.value_checks import check_values
+from engine.policy import Policy
+from engine.progress import no_progress
 from tests.conftest import defect_copy, run_gate1
-from worker.formats.gguf_structure import read_layout
-from worker.formats.source import open_source
-from worker.gates.architectures import architecture_for
-from worker.gates.inventory import take_inventory
-from worker.gates.storage import value_checks
-from worker.gates.storage.value_checks import check_values
-from worker.policy import Policy
-from worker.progress import no_progress
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.runtime import streamed_model as streamed_module
 from tests.conftest import SUITE_POLICY, run_gates
-from worker.runtime import streamed_model as streamed_module
 
 pytestmark = pytest.mark.slow
 

@@ -10,14 +10,14 @@ from typing import get_args
 
 import pytest
 
+from engine.blockers import Blocker, GateName
+from engine.controls.planted import Planted
+from engine.gates import registry
+from engine.gates.contract import ControlInputs, GateContext, GateOutcome, Plant
+from engine.progress import no_progress
+from engine.report import GateResult
+from engine.verification import LocalInputs, VerifyRequest, verify, verify_shard
 from tests.conftest import SUITE_POLICY
-from worker.blockers import Blocker, GateName
-from worker.controls.planted import Planted
-from worker.engine import LocalInputs, VerifyRequest, verify, verify_shard
-from worker.gates import registry
-from worker.gates.contract import ControlInputs, GateContext, GateOutcome, Plant
-from worker.progress import no_progress
-from worker.report import GateResult
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
+from engine.policy import Policy
+from engine.texts import DEFAULT_TEXTS
 from tests.conftest import SUITE_POLICY, codes, run_gates
 from tests.gguf_rewrite import rewrite
-from worker.policy import Policy
-from worker.texts import DEFAULT_TEXTS
 
 pytestmark = pytest.mark.slow
 ENGLISH = (
@@ -70,7 +70,7 @@ def test_minilm_default_korean_divergence_is_reported_and_a_submitted_one_blocks
 
 
 def test_llama_cpp_add_bos_false_also_drops_the_automatic_eos(minilm):
-    from worker.runtime.llama_candidate import LlamaCandidate
+    from engine.runtime.llama_candidate import LlamaCandidate
 
     candidate = LlamaCandidate(minilm / "minilm-F32.gguf", embedding=True, n_ctx=64)
     try:
@@ -86,7 +86,7 @@ def test_the_candidate_reads_its_weights_from_the_map_without_a_repacked_copy(mi
     """llama.cpp's CPU backend copies Q4_0/Q4_K/IQ4_NL weights into repacked anonymous buffers unless
     `use_extra_bufts` is off: a second, unreclaimable copy of a 4-bit model (measured at 1.7B Q4_K_M:
     +650 MiB of anonymous memory), which would break gate 2's memory bound on a 70B file."""
-    from worker.runtime.llama_candidate import LlamaCandidate
+    from engine.runtime.llama_candidate import LlamaCandidate
 
     candidate = LlamaCandidate(minilm / "minilm-Q4_0.gguf", embedding=True, n_ctx=64)
     try:

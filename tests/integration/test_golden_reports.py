@@ -20,9 +20,9 @@ import pytest
 if __name__ == "__main__":  # run as a script: the repository's root on the path, as pytest puts it
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from engine.report import Report
+from engine.verification import LocalInputs, VerifyRequest, verify
 from tests.conftest import SUITE_POLICY, built, defect_copy, fixtures_root
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.report import Report
 
 pytestmark = pytest.mark.slow
 GOLDEN = Path(__file__).parent / "golden"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.policy import Policy
+from engine.report import Report
+from engine.summary import render_summary
+from engine.verification import LocalInputs, VerifyRequest, verify
 from tests.conftest import codes
 from tests.integration.test_cli import convgate, last_line
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.policy import Policy
-from worker.report import Report
-from worker.summary import render_summary
 
 # every imatrix path runs through the process pool as well as in one process
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("gate1_processes")]
@@ -70,7 +70,7 @@ def test_the_wrong_imatrix_fails_reproduction(imatrix_fixture):
 
 
 def test_without_its_imatrix_the_file_is_not_reported_as_a_mismatch(imatrix_fixture):
-    """Item 2 of issue 11 (its outcome is built in worker/gates/storage/tensor_values.py): not a defect code, but
+    """Item 2 of issue 11 (its outcome is built in engine/gates/storage/tensor_values.py): not a defect code, but
     "could not be reproduced without the imatrix", which the default policy keeps NO-GO."""
     report = gate1(imatrix_fixture, "Q4_K_M", None)
     assert codes(report) == {"tensor.not_reproduced"}, report.blockers

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.formats.gguf_structure import read_layout
+from engine.policy import Policy
+from engine.quant.imatrix import read_imatrix
+from engine.report import Report
+from engine.verification import LocalInputs, VerifyRequest, verify
 from tests.conftest import codes
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.formats.gguf_structure import read_layout
-from worker.policy import Policy
-from worker.quant.imatrix import read_imatrix
-from worker.report import Report
 
 # every imatrix path runs through the process pool as well as in one process
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("gate1_processes")]

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from engine.policy import Policy
 from service.cli import app
 from tests.conftest import codes, defect_copy, run_gates
-from worker.policy import Policy
 
 pytestmark = pytest.mark.slow
 

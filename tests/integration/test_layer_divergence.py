@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import codes, defect_copy, run_gates
-from worker.blockers import Blocker
-from worker.formats.gguf_structure import read_layout
-from worker.gates.runtime import gate as runtime_gate
-from worker.gates.runtime.layer_divergence import (
+from engine.blockers import Blocker
+from engine.formats.gguf_structure import read_layout
+from engine.gates.runtime import gate as runtime_gate
+from engine.gates.runtime.layer_divergence import (
     LAYER_MARGIN,
     MAX_TRACE_POSITIONS,
     MEASURED_LAYERS,
@@ -27,12 +26,13 @@ from worker.gates.runtime.layer_divergence import (
     reference_errors,
     relative_error,
 )
-from worker.gates.runtime.relevance_parity import RERANK_SET
-from worker.quant.compute import COMPUTE_CLASSES, compute_classes
-from worker.runtime import layer_trace
-from worker.runtime.layer_trace import TraceError, trace_layers
-from worker.runtime.llama_candidate import LlamaCandidate
-from worker.texts import PROBE_TEXTS, Text
+from engine.gates.runtime.relevance_parity import RERANK_SET
+from engine.quant.compute import COMPUTE_CLASSES, compute_classes
+from engine.runtime import layer_trace
+from engine.runtime.layer_trace import TraceError, trace_layers
+from engine.runtime.llama_candidate import LlamaCandidate
+from engine.texts import PROBE_TEXTS, Text
+from tests.conftest import codes, defect_copy, run_gates
 
 ENGLISH = (
     "How do I verify that a converted model matches the original weights?",
@@ -370,7 +370,7 @@ def test_an_error_that_grows_through_every_layer_is_not_blamed_on_the_head():
     """Seen on an honest random-weight 1.7B Q8_0 (28 layers): no layer past the tolerance, the last one
     near it, the output below gate 2's floor. The rounding of every layer adds up; the old message sent
     the reader to the output norm, pooling and head."""
-    from worker.gates.runtime.layer_divergence import _suffix
+    from engine.gates.runtime.layer_divergence import _suffix
 
     growing = {"tolerance": 0.084, "first_divergent_layer": None, "layers": [0.004, 0.02, 0.045, 0.061]}
     why = _suffix(growing)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.runtime import llama_process
+from engine.runtime.llama_candidate import CandidateLoadError
+from engine.runtime.llama_process import LlamaCrashedError, LlamaProcess
 from tests.conftest import codes, run_gates
 from tests.gguf_rewrite import rewrite
-from worker.runtime import llama_process
-from worker.runtime.llama_candidate import CandidateLoadError
-from worker.runtime.llama_process import LlamaCrashedError, LlamaProcess
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.gates.runtime.logit_math import ROW_BYTES
-from worker.gates.runtime.logits_stream import KEPT_ROWS, LOGITS_BLOCK_BYTES
-from worker.runtime.llama_candidate import DECODE_BATCH_BYTES
+from engine.gates.runtime.logit_math import ROW_BYTES
+from engine.gates.runtime.logits_stream import KEPT_ROWS, LOGITS_BLOCK_BYTES
+from engine.runtime.llama_candidate import DECODE_BATCH_BYTES
 
 pytestmark = pytest.mark.slow
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))

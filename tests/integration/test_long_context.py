@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.policy import Policy
 from tests.conftest import built, codes, run_gates
 from tests.gguf_rewrite import rewrite
-from worker.policy import Policy
 
 pytestmark = pytest.mark.slow
 

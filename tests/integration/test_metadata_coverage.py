@@ -14,11 +14,11 @@ from pathlib import Path
 import gguf
 import pytest
 
-from worker.formats.gguf_structure import read_layout
-from worker.formats.source import open_source
-from worker.gates.architectures import architecture_for
-from worker.gates.storage.metadata_check import check_metadata
-from worker.gates.storage.metadata_keys import DESCRIPTIVE
+from engine.formats.gguf_structure import read_layout
+from engine.formats.source import open_source
+from engine.gates.architectures import architecture_for
+from engine.gates.storage.metadata_check import check_metadata
+from engine.gates.storage.metadata_keys import DESCRIPTIVE
 
 pytestmark = pytest.mark.slow
 

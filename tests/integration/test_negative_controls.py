@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engine.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
+from engine.gates.storage import tensor_values
+from engine.policy import Policy
+from engine.summary import render_summary
 from tests.conftest import codes, run_gates
-from worker.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
-from worker.gates.storage import tensor_values
-from worker.policy import Policy
-from worker.summary import render_summary
 
 pytestmark = pytest.mark.slow
 ENGLISH = (

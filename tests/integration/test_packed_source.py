@@ -9,9 +9,9 @@ import shutil
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from engine.formats import packed
+from engine.formats.source import open_source
 from tests.conftest import blocked_tensors, defect_copy, run_gate1
-from worker.formats import packed
-from worker.formats.source import open_source
 
 pytestmark = pytest.mark.slow
 PACKED = "encoder.layer.0.attention.self.query.weight"

@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
+from engine.gates.runtime.tokenizer_parity import PROBE, check_tokenizer
+from engine.runtime.hf_reference import HFTokenizer
+from engine.texts import PROBE_TEXTS
 from tests.conftest import built, fixtures_root
 from tests.mutation import gguf_edit
-from worker.gates.runtime.tokenizer_parity import PROBE, check_tokenizer
-from worker.runtime.hf_reference import HFTokenizer
-from worker.texts import PROBE_TEXTS
 
 pytestmark = pytest.mark.slow
 CHILD = Path(__file__).with_name("vocab_child.py")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.formats.source import open_source
-from worker.gates.storage.gate import run_storage_gate, validate_structure
-from worker.policy import Policy
+from engine.formats.source import open_source
+from engine.gates.storage.gate import run_storage_gate, validate_structure
+from engine.policy import Policy
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,13 @@ from types import MappingProxyType
 
 import pytest
 
-from worker.digests import sha256_file
-from worker.formats.gguf_structure import read_layout
-from worker.formats.source import open_source
-from worker.gates.release.gate import run_release_gate
-from worker.gates.runtime.gate import RuntimeMeasurements
-from worker.report import FileDigest
-from worker.runtime.sentence_config import sentence_config
+from engine.digests import sha256_file
+from engine.formats.gguf_structure import read_layout
+from engine.formats.source import open_source
+from engine.gates.release.gate import run_release_gate
+from engine.gates.runtime.gate import RuntimeMeasurements
+from engine.report import FileDigest
+from engine.runtime.sentence_config import sentence_config
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +67,8 @@ def test_missing_package_file(release_inputs, tmp_path):
 @pytest.fixture(scope="module")
 def reranker_gate2(bge_reranker):
     """Gate 2 run on the honest F16 reranker: what gate 3 must find again in the released bytes."""
+    from engine.runtime.sentence_config import sentence_config as config_of
     from tests.conftest import run_gates
-    from worker.runtime.sentence_config import sentence_config as config_of
 
     source = open_source(bge_reranker / "source")
     return run_gates(bge_reranker / "source", bge_reranker / "F16.gguf", {2}), config_of(source)

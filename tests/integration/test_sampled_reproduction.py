@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.policy import Policy
+from engine.quant.sampling import block_sample
 from tests.conftest import blocked_tensors, defect_copy, run_gate1
-from worker.policy import Policy
-from worker.quant.sampling import block_sample
 
 pytestmark = pytest.mark.slow
 TENSOR = "blk.0.ffn_down.weight"  # Q4_K in minilm-Q4_K_M: 384 rows of 6 super-blocks

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.gates.storage.parts import MergeError, assign
+from engine.policy import Policy
+from engine.progress import no_progress
+from engine.verification import LocalInputs, VerifyRequest, merge_shards, verify, verify_shard
 from tests.conftest import SUITE_POLICY, defect_copy
-from worker.engine import LocalInputs, VerifyRequest, merge_shards, verify, verify_shard
-from worker.gates.storage.parts import MergeError, assign
-from worker.policy import Policy
-from worker.progress import no_progress
 
 pytestmark = pytest.mark.slow
 

@@ -15,13 +15,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from model_signing import hashing, signing
 
+from engine.policy import Policy
+from engine.report import Report
+from engine.verification import LocalInputs, VerifyRequest, verify
 from service.attestations.statement import Attested, build_statement
 from service.attestations.vsa import build_vsa
 from tests.conftest import codes
 from tests.integration.test_cli import convgate, last_line
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.policy import Policy
-from worker.report import Report
 
 pytestmark = pytest.mark.slow
 

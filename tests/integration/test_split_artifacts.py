@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.digests import sha256_file
+from engine.formats.artifact_files import read_artifact
+from engine.formats.gguf_structure import read_layout
+from engine.summary import render_summary
 from tests.conftest import codes, run_gates
 from tests.gguf_split_writer import resplit, write_groups
-from worker.digests import sha256_file
-from worker.formats.artifact_files import read_artifact
-from worker.formats.gguf_structure import read_layout
-from worker.summary import render_summary
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_an_honest_split_of_a_trained_model_is_go_on_every_gate(smollm2: Path, t
 
 
 def test_the_union_layout_reads_the_same_bytes_as_the_single_file(tiny_llama: Path, llama_split: list[Path]) -> None:
-    from worker.formats.artifact_files import artifact_bytes
+    from engine.formats.artifact_files import artifact_bytes
 
     single = read_layout(tiny_llama / "tiny-llama-Q8_0.gguf")
     union = read_artifact(llama_split[0])

@@ -1,4 +1,4 @@
-"""Gate 2's streamed reference (worker/runtime/streamed_model.py): bit for bit the whole-model
+"""Gate 2's streamed reference (engine/runtime/streamed_model.py): bit for bit the whole-model
 reference on every architecture the project maps and on BF16/F16/sharded sources, and within an
 RSS budget computed from the model's shapes, which the whole-model reference exceeds."""
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.errors import SourceError
+from engine.runtime import streamed_model as streamed_module
+from engine.runtime.checkpoints import SafetensorsCheckpoint, checkpoint_index
+from engine.runtime.hf_reference import HFModel
+from engine.runtime.streamed_model import Loading, load_persistent_buffers, materialized_parameters, streamed_model
 from tests.conftest import REPO
-from worker.errors import SourceError
-from worker.runtime import streamed_model as streamed_module
-from worker.runtime.checkpoints import SafetensorsCheckpoint, checkpoint_index
-from worker.runtime.hf_reference import HFModel
-from worker.runtime.streamed_model import Loading, load_persistent_buffers, materialized_parameters, streamed_model
 
 pytestmark = pytest.mark.slow
 
@@ -225,8 +225,8 @@ import json, sys
 from pathlib import Path
 import torch
 from transformers.models.qwen3 import modeling_qwen3  # noqa: F401  (imported before the baseline)
-from worker.runtime import streamed_model
-from worker.runtime.hf_reference import HFModel
+from engine.runtime import streamed_model
+from engine.runtime.hf_reference import HFModel
 
 streamed_model.RESIDENT_BYTES = int(sys.argv[4])  # below the model, so it is streamed, not kept
 
@@ -332,7 +332,7 @@ def test_a_streamed_vocabulary_costs_its_rows_and_one_head_chunk_not_the_table(t
     every other module under 3 MB. Streamed, the embedding reads only the rows of the text's ids and the
     head is applied HEAD_CHUNK_BYTES at a time, so the peak is the baseline + one block's largest module +
     one head chunk (in float32 and as read) + the logits: the table never is resident."""
-    from worker.runtime.streamed_model import HEAD_CHUNK_BYTES
+    from engine.runtime.streamed_model import HEAD_CHUNK_BYTES
 
     source = build_random_model(tmp_path / "wide", WIDE)
     streamed = peak_of(source, "streamed", SHORT)

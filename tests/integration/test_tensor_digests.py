@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.digests import sha256_file
+from engine.formats.gguf_structure import read_layout
+from engine.policy import Policy
+from engine.progress import no_progress
+from engine.verification import LocalInputs, VerifyRequest, merge_shards, verify_shard
 from tests.conftest import run_gate1
-from worker.digests import sha256_file
-from worker.engine import LocalInputs, VerifyRequest, merge_shards, verify_shard
-from worker.formats.gguf_structure import read_layout
-from worker.policy import Policy
-from worker.progress import no_progress
 
 pytestmark = pytest.mark.slow
 

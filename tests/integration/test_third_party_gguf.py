@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from gguf import GGUFReader
 
-from worker.formats.gguf_structure import read_layout
-from worker.gates.storage.tensor_values import readers_agree
+from engine.formats.gguf_structure import read_layout
+from engine.gates.storage.tensor_values import readers_agree
 
 pytestmark = pytest.mark.slow
 

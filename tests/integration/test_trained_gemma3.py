@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.formats.gguf_structure import read_layout
+from engine.policy import Policy
 from tests.conftest import built, codes, run_gates
 from tests.gguf_rewrite import rewrite
-from worker.formats.gguf_structure import read_layout
-from worker.policy import Policy
 
 pytestmark = pytest.mark.slow
 WINDOW = 512  # gemma-3-270m's sliding window

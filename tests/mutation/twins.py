@@ -15,10 +15,10 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from engine.formats.ggml_types import GGML_TYPES, ValueType
+from engine.gates.storage.metadata_keys import BEHAVIOURAL, DESCRIPTIVE, NOT_READ_FOR_MODEL
+from engine.report import Report
 from tests.mutation.gguf_edit import KV, GGUFFile, Tensor
-from worker.formats.ggml_types import GGML_TYPES, ValueType
-from worker.gates.storage.metadata_keys import BEHAVIOURAL, DESCRIPTIVE, NOT_READ_FOR_MODEL
-from worker.report import Report
 
 # Keys whose value the converter stamps but no runtime computes with: changing them is not a defect.
 NOT_READ = ("general.file_type", "general.quantization_version")

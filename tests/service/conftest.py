@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 from sqlalchemy import text
 
+from engine.policy import Policy
 from service.api.app import create_app
 from service.auth import Role, digest, new_secret
 from service.config import Settings
@@ -22,7 +23,6 @@ from service.persistence import tokens
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import upgrade
 from tests.databases import drop_database
-from worker.policy import Policy
 
 PG_ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
 TABLES = ("callback_deliveries, callback_secrets, attestations, access_log, worker_reports, file_digests, "

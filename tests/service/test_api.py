@@ -119,7 +119,7 @@ def test_submission_returns_202_location_and_fixes_the_policy(api):
     created = response.json()
     assert response.headers["location"] == f"/v1/verifications/{created['id']}"
     assert created["state"] == "queued"
-    from worker.policy import Policy
+    from engine.policy import Policy
 
     inline = Policy(tie_ulps=2, version=f"inline-{Policy().version}")
     assert created["policy_sha256"] == inline.sha256() != Policy().sha256()

@@ -247,7 +247,7 @@ def test_a_reused_verdict_calls_back_at_once(db, tmp_path, receiver):
     with app_for(db, tmp_path, hook.origin, run_callbacks=True) as api:
         new_secret(api, who["two"])
         original = submit(api, who["two"], tmp_path, **pinned).json()["id"]  # reuse is within a submitter
-        from worker.engine import environment
+        from engine.verification import environment
 
         report = {"verdict": "GO", "blockers": [], "gates": {}, "policy": {}, "artifact": None, "files": [],
                   "not_verified": [], "environment": environment(), "timings": {}}

@@ -9,6 +9,8 @@ import hashlib
 import pytest
 from fastapi.testclient import TestClient
 
+from engine.digests import sha256_file
+from engine.formats.gguf_structure import read_layout
 from service.api.app import create_app
 from service.auth import Role
 from service.job import run_verification
@@ -16,8 +18,6 @@ from service.persistence import repository
 from service.persistence.db import transaction
 from tests.conftest import fixtures_root
 from tests.service.conftest import add_token, settings_for
-from worker.digests import sha256_file
-from worker.formats.gguf_structure import read_layout
 
 pytestmark = pytest.mark.slow
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Platform teams gate every model before it ships."]

@@ -31,7 +31,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "Platform teams gate ev
 def minilm_request() -> SubmitRequest:
     root = built("minilm", "minilm-Q6_K.gguf")
     artifact = root / "minilm-F32.gguf"
-    from worker.digests import sha256_file
+    from engine.digests import sha256_file
 
     return SubmitRequest(source_uri=(root / "source").as_uri(), artifact_uri=artifact.as_uri(),
                          artifact_sha256=sha256_file(artifact), texts=TEXTS)
@@ -161,7 +161,7 @@ def test_the_worker_fetches_the_importance_matrix_and_checks_its_digest(sqlite_h
     refused unread; with the right digest the file reaches our reader (config.json is no imatrix)."""
     harness = sqlite_harness
     not_an_imatrix = fixtures_root() / "minilm" / "source" / "config.json"
-    from worker.digests import sha256_file
+    from engine.digests import sha256_file
 
     base = minilm_request.model_copy(update={"gates": [1], "imatrix_uri": not_an_imatrix.as_uri()})
     wrong = harness.submit(base.model_copy(update={"imatrix_sha256": "0" * 64}), key="wrong")

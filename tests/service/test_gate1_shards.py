@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.digests import sha256_file
+from engine.policy import Policy
+from engine.progress import no_progress
+from engine.verification import LocalInputs, VerifyRequest, verify, verify_shard
 from service.config import KubernetesSettings
 from service.job import run_verification
 from service.lifecycle import State
@@ -21,10 +25,6 @@ from service.schemas import SubmitRequest
 from service.verifications import admit, gate1_shards, submit
 from tests.conftest import defect_copy, fixtures_root
 from tests.service.conftest import settings_for
-from worker.digests import sha256_file
-from worker.engine import LocalInputs, VerifyRequest, verify, verify_shard
-from worker.policy import Policy
-from worker.progress import no_progress
 
 pytestmark = pytest.mark.slow
 JOB = "convgate-job-1"

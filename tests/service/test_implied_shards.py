@@ -18,6 +18,11 @@ from edge.download import FetchPolicy
 from edge.inputs import InputUris, fetch_inputs
 from edge.store import ContentStore
 from edge.uri_policy import UriPolicy
+from engine.digests import sha256_file
+from engine.formats.artifact_files import artifact_paths
+from engine.policy import Policy
+from engine.report import Report
+from engine.verification import LocalInputs, VerifyRequest
 from service.api.app import create_app
 from service.auth import Role
 from service.job import run_verification
@@ -26,11 +31,6 @@ from service.persistence.db import transaction
 from tests.conftest import fixtures_root
 from tests.gguf_split_writer import resplit
 from tests.service.conftest import add_token, settings_for
-from worker.digests import sha256_file
-from worker.engine import LocalInputs, VerifyRequest
-from worker.formats.artifact_files import artifact_paths
-from worker.policy import Policy
-from worker.report import Report
 
 
 def _escape(root: Path, outside: Path, second: bytes, first: bytes) -> Path:

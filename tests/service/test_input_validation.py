@@ -14,6 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from engine.policy import Policy
+from engine.quality_budgets import QualityBudget
+from engine.rerank_thresholds import RerankThresholds
+from engine.thresholds import RuntimeThresholds
 from service.api.app import create_app
 from service.auth import Role
 from service.job import verify_request
@@ -21,10 +25,6 @@ from service.persistence import repository
 from service.persistence.db import transaction
 from tests.service.conftest import add_token, settings_for
 from tests.service.seeding import seed
-from worker.policy import Policy
-from worker.quality_budgets import QualityBudget
-from worker.rerank_thresholds import RerankThresholds
-from worker.thresholds import RuntimeThresholds
 
 SHA = "c" * 64
 # Policy().sha256() since issues 33 and 37 changed the defaults on purpose (a long text by default, tie margins,

@@ -478,7 +478,7 @@ def test_a_retried_launch_finds_its_job_and_still_hands_over_the_secret(cluster,
 
 
 def test_a_restricted_launch_without_a_secret_is_refused_before_any_job(cluster, sqlite_url, tmp_path):
-    from worker.errors import ConvgateError
+    from engine.errors import ConvgateError
 
     _, engine, factory, dispatcher = restricted_harness(cluster, sqlite_url, tmp_path)
     verification_id = new_verification(factory)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.resources import cpu_budget
 from service.dispatch.local import worker_environment
 from tests.service.conftest import settings_for
-from worker.resources import cpu_budget
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 64])

@@ -11,13 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from engine.policy import Policy
 from service.api.app import create_app
 from service.auth import Role
 from service.config import Settings
 from service.persistence import repository
 from service.persistence.db import transaction
 from tests.service.conftest import add_token, settings_for
-from worker.policy import Policy
 
 SHA = "c" * 64
 STRICT = Policy(version="platform-strict-1", tie_ulps=1)

@@ -13,6 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
+from engine.policy import Policy
+from engine.verification import environment
 from service.api.app import create_app
 from service.auth import Role
 from service.config import KubernetesSettings, Settings
@@ -25,8 +27,6 @@ from service.persistence.db import transaction
 from service.persistence.models import Verification
 from tests.service.conftest import add_token, settings_for
 from tests.service.test_lifecycle_loop import FakeDispatcher
-from worker.engine import environment
-from worker.policy import Policy
 
 SOURCE = "hf://org/model@" + "0" * 40
 ARTIFACT = "hf://org/model-gguf@" + "1" * 40 + "/model-Q8_0.gguf"

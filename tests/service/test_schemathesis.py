@@ -27,12 +27,12 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import negative_data_rejection, response_schema_conformance
 
+from engine.policy import Policy
 from service.api.app import create_app
 from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import transaction
 from tests.service.conftest import add_token, settings_for
-from worker.policy import Policy
 
 EXAMPLES = int(os.environ.get("CONVGATE_SCHEMATHESIS_EXAMPLES", "10"))
 CALLERS: list[Role | None] = [*Role, None]  # None: no token at all

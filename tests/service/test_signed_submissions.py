@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from fastapi.testclient import TestClient
 from model_signing import signing
 
+from engine.digests import sha256_file
 from service.api.app import create_app
 from service.auth import Role
 from service.job import run_verification
@@ -22,7 +23,6 @@ from service.persistence import repository
 from service.persistence.db import transaction
 from tests.conftest import fixtures_root
 from tests.service.conftest import add_token, settings_for
-from worker.digests import sha256_file
 
 
 def _publisher(tmp_path: Path) -> tuple[Path, Path]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from engine.digests import sha256_file
 from service.api.app import create_app
 from service.auth import Role
 from service.job import run_verification
@@ -22,7 +23,6 @@ from service.persistence.db import transaction
 from tests.conftest import fixtures_root
 from tests.gguf_split_writer import resplit
 from tests.service.conftest import add_token, settings_for
-from worker.digests import sha256_file
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Platform teams gate every model before it ships."]
 

@@ -20,6 +20,9 @@ from edge.redact import HIDDEN, install_log_redaction, redact
 from edge.retry import RetryPolicy
 from edge.store import ContentStore
 from edge.uri_policy import UriPolicy
+from engine.errors import ConvgateError
+from engine.policy import Policy
+from engine.verification import VerifyRequest
 from service.api.app import create_app
 from service.auth import Role
 from service.fetching import FETCH_URIS, input_uris, public_request, stored_request
@@ -29,9 +32,6 @@ from service.schemas import SubmitRequest
 from service.verifications import admit, submit
 from tests.service.conftest import add_token, settings_for
 from tests.unit.test_redact_uri import secret_uris
-from worker.engine import VerifyRequest
-from worker.errors import ConvgateError
-from worker.policy import Policy
 
 SECRETS = ("SIGSECRET", "CREDSECRET", "hunter2", "TOKSECRET")
 PRESIGNED = ("https://8.8.8.8/bucket/m.gguf?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=CREDSECRET"

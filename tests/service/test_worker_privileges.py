@@ -434,9 +434,9 @@ def test_the_loop_applies_a_verdict_report_before_it_reaps_the_clean_exit(worker
 def dispatched_minilm(factory, settings, artifact, monkeypatch) -> tuple[str, int, DispatchLoop]:
     """A gate-1 MiniLM verification submitted and claimed by the loop, its attempt's secret in this
     process's environment (as the Job's Secret puts it in a pod's): (id, attempt, the loop)."""
+    from engine.digests import sha256_file
     from service.schemas import SubmitRequest
     from service.verifications import admit, submit
-    from worker.digests import sha256_file
 
     source = fixtures_root() / "minilm" / "source"
     with transaction(factory) as session:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.digests import digest_file
+from engine.digests import digest_file
 
 TENSORS = {"token_embd.weight": b"\x01\x02" * 64, "blk.0.attn_q.weight": b"\x03\x04" * 64,
            "output_norm.weight": b"\x05" * 32}

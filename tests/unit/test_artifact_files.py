@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.formats.artifact_files import (
+from engine.formats.artifact_files import (
     ShardedBytes,
     artifact_bytes,
     artifact_paths,
@@ -16,8 +16,8 @@ from worker.formats.artifact_files import (
     sibling_uri,
     split_shard_uris,
 )
-from worker.report import FileDigest, Report
-from worker.summary import render_summary
+from engine.report import FileDigest, Report
+from engine.summary import render_summary
 
 FIRST = "https://cdn.example/org/m-00001-of-00003.gguf?sig=abc"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.formats.gguf_structure import read_layout
 from service.attestations import Statement, check_subjects, check_tensors
 from service.attestations import tensors as tensor_module
 from service.attestations.statement import STATEMENT_TYPE
 from service.attestations.subjects import subject_for
 from tests.gguf_bytes import GGUFBytes
-from worker.formats.gguf_structure import read_layout
 
 PREDICATE = {"verification_id": "v", "reused_from": None, "verdict": "GO", "verdict_at": "2026-11-30T00:00:00Z",
              "blocker_codes": [], "gates": {}, "policy": {"sha256": "p", "values": {}, "origin": "inline"},

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from engine.formats.gguf_structure import read_layout
+from engine.policy import Policy
+from engine.verification import LocalInputs, VerifyRequest, verify
 from service.attestations import Attested, SigningKey, build_statement, check_tensors, public_pem, sign_statement
 from service.cli import app
 from tests.fuzz.hostile import write_honest_pair
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.formats.gguf_structure import read_layout
-from worker.policy import Policy
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from worker.blockers import BLOCKER_CODES, Blocker
+from engine.blockers import BLOCKER_CODES, Blocker
 
-ENGINE = Path(__file__).resolve().parents[2] / "worker"
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
 CODE_LITERAL = re.compile(r'"((?:gguf|source|tensor|metadata|verifier|measurement|gate|artifact|tokenizer|embedding'
                           r'|imatrix|quality|runtime|chat|logits|rerank)'
                           r'\.(?!json"|chat_template"|datasets"|chunk_count"|chunk_size"|model")[a-z0-9_]+)"')

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import worker.cli
+import edge.cli
+from edge.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_INTERNAL, EXIT_NO_GO
 from service.cli import app
 from service.cli import app as service_app
 from tests.fuzz.hostile import write_honest_pair
-from worker.cli import EXIT_CANNOT_RUN, EXIT_GO, EXIT_INTERNAL, EXIT_NO_GO
 
 
 def _boom(*_args: object, **_kwargs: object) -> None:
@@ -21,7 +21,7 @@ def _boom(*_args: object, **_kwargs: object) -> None:
 
 @pytest.fixture
 def broken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
-    monkeypatch.setattr(worker.cli, "load_policy", _boom)
+    monkeypatch.setattr(edge.cli, "load_policy", _boom)
     monkeypatch.delenv("CONVGATE_DEBUG", raising=False)
     source, artifact = write_honest_pair(tmp_path)
     return ["verify", "--source", str(source), "--artifact", str(artifact), "--gates", "1",
@@ -33,7 +33,7 @@ def test_exit_codes_are_distinct():
     assert EXIT_INTERNAL == 3
 
 
-@pytest.mark.parametrize("cli", [app, service_app], ids=["worker", "service"])
+@pytest.mark.parametrize("cli", [app, service_app], ids=["engine", "service"])
 def test_an_internal_error_exits_3_with_one_line_and_no_traceback(broken, cli):
     result = CliRunner().invoke(cli, broken)
     assert result.exit_code == EXIT_INTERNAL, result.output

@@ -1,4 +1,4 @@
-"""Derived tensors (worker/gates/architectures/derived.py): rows of stacked parts read across part
+"""Derived tensors (engine/gates/architectures/derived.py): rows of stacked parts read across part
 boundaries exactly as one concatenated array would give them, a derivation's construction checked
 before it is used, and row slices and value maps applied where they are stated."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from worker.gates.architectures.derived import DerivedTensor, StackedRows, row_slice, stacked, value_map
+from engine.gates.architectures.derived import DerivedTensor, StackedRows, row_slice, stacked, value_map
 
 RNG = np.random.default_rng(11)
 PARTS = [RNG.standard_normal((rows, 5)).astype(np.float32) for rows in (4, 1, 3, 4)]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.errors import CodedError, ConvgateError
+from engine.errors import CodedError, ConvgateError
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = ("worker", "edge", "service")
+PACKAGES = ("engine", "edge", "service")
 CODE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.gguf_bytes import GGUFBytes, gguf_string, kv_array, kv_scalar, kv_string, tensor_info
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME, ValueType
-from worker.formats.gguf_structure import (
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME, ValueType
+from engine.formats.gguf_structure import (
     MAX_DIMS,
     MAX_KEY_BYTES,
     MAX_TENSOR_NAME_BYTES,
     GGUFStructureError,
     parse_buffer,
 )
+from tests.gguf_bytes import GGUFBytes, gguf_string, kv_array, kv_scalar, kv_string, tensor_info
 
 
 def parse(raw: bytes):

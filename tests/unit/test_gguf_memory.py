@@ -6,10 +6,10 @@ from __future__ import annotations
 import struct
 import tracemalloc
 
+from engine.formats.ggml_types import ValueType
+from engine.formats.gguf_strings import StringArray
+from engine.formats.gguf_structure import read_layout
 from tests.gguf_bytes import GGUFBytes, gguf_string
-from worker.formats.ggml_types import ValueType
-from worker.formats.gguf_strings import StringArray
-from worker.formats.gguf_structure import read_layout
 
 # Retained bytes per file byte: the array's own bytes plus one 8-byte offset per 12-byte string is 1.67.
 BUDGET = 2.0

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.formats.ggml_types import ValueType
+from engine.formats.gguf_structure import GGUFStructureError, parse_buffer
 from tests.gguf_bytes import GGUFBytes, kv_array, kv_string
 from tests.unit.test_gguf_structure import MALFORMED
-from worker.formats.ggml_types import ValueType
-from worker.formats.gguf_structure import GGUFStructureError, parse_buffer
 
 WHY = {
     'bad magic': ("magic is b'FUGG', expected b'GGUF'", None),

@@ -16,15 +16,15 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.gguf_split_writer import finish, resplit
-from worker.errors import UsageError
-from worker.formats.gguf_split import (
+from engine.errors import UsageError
+from engine.formats.gguf_split import (
     SplitArtifact,
     discover_shards,
     read_split,
     read_split_from_first,
     shard_name,
 )
+from tests.gguf_split_writer import finish, resplit
 
 ARCH = "llama"
 SIX = tuple(f"blk.{i}.w" for i in range(6))

@@ -12,9 +12,9 @@ from pathlib import Path
 import gguf
 import pytest
 
+from engine.formats.ggml_types import GGML_TYPES, ValueType
+from engine.formats.gguf_structure import GGUFStructureError, parse_buffer, read_layout
 from tests.gguf_bytes import GGUFBytes, gguf_string, kv_array, kv_scalar, kv_string, tensor_info
-from worker.formats.ggml_types import GGML_TYPES, ValueType
-from worker.formats.gguf_structure import GGUFStructureError, parse_buffer, read_layout
 
 
 def parse(raw: bytes):
@@ -119,7 +119,7 @@ def test_malformed_file_is_refused_with_its_code(code: str, raw: bytes) -> None:
 
 
 def test_every_structural_code_in_the_table_has_a_malformed_case() -> None:
-    from worker.blockers import BLOCKER_CODES
+    from engine.blockers import BLOCKER_CODES
 
     covered = {code for _, code, _ in MALFORMED} | {"gguf.unreadable"}
     assert {c for c in BLOCKER_CODES if c.startswith("gguf.")} <= covered
@@ -162,7 +162,7 @@ GGUF_PY_KNOWN_WRONG = {"Q8_1"}
 
 
 def test_type_table_agrees_with_libggml() -> None:
-    from worker.quant import libggml
+    from engine.quant import libggml
 
     for type_id, ggml_type in GGML_TYPES.items():
         traits = libggml._lib().ggml_get_type_traits(type_id).contents

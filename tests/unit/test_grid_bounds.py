@@ -1,4 +1,4 @@
-"""The per-element bound of the vector-codebook IQ types (worker/quant/grid_bounds.py): every honest libggml
+"""The per-element bound of the vector-codebook IQ types (engine/quant/grid_bounds.py): every honest libggml
 quantization stays within it, whatever the importance matrix and input precision, and planted defects
 beyond it are caught; an imatrix IQ tensor checked without its imatrix is no longer `type_unsupported`."""
 
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from worker.acceptance import accept_unreproduced
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME
-from worker.formats.gguf_structure import TensorInfo
-from worker.formats.source import open_source
-from worker.gates.storage.reproduction import round_input
-from worker.gates.storage.tensor_values import check_tensor
-from worker.policy import Policy
-from worker.quant import bounds, reference
-from worker.quant.grid_bounds import GRID_RULES
-from worker.report import GateResult
+from engine.acceptance import accept_unreproduced
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import TensorInfo
+from engine.formats.source import open_source
+from engine.gates.storage.reproduction import round_input
+from engine.gates.storage.tensor_values import check_tensor
+from engine.policy import Policy
+from engine.quant import bounds, reference
+from engine.quant.grid_bounds import GRID_RULES
+from engine.report import GateResult
 
 GRID_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 SIGNED = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
@@ -265,7 +265,7 @@ def test_another_tensor_under_the_bound_alone_is_a_value_mismatch(tmp_path, type
 def test_the_magnitude_cap_allows_its_rounding_slack_and_nothing_more(monkeypatch, type_name):
     """|w_hat| up to K*max|x| times (1 + RELATIVE_SLACK) is within the bound (fp16 d and float32 fit
     arithmetic); a value clearly past it is not. Signs agree, so only the cap decides."""
-    from worker.quant import grid_bounds as module
+    from engine.quant import grid_bounds as module
 
     factor = GRID_RULES[type_name][0]
     x = np.full((1, module.SUPER_BLOCK), 0.5)
@@ -281,7 +281,7 @@ def test_the_magnitude_cap_allows_its_rounding_slack_and_nothing_more(monkeypatc
 
 def test_a_zero_source_value_never_disagrees_in_sign():
     """The rule's stated choice: x = 0 (or -0.0 from fp16 rounding) agrees with either sign of w_hat."""
-    from worker.quant.grid_bounds import _wrong_signs
+    from engine.quant.grid_bounds import _wrong_signs
 
     x = np.array([[0.0, -0.0, 0.1, -0.1, 0.2, 0.2, 0.2, 0.2]])
     w_hat = np.array([[-0.1, 0.1, 0.1, -0.1, 0.2, 0.2, 0.2, 0.2]])

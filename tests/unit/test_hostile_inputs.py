@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from engine.blockers import Blocker
+from engine.errors import CodedError, SourceError
+from engine.formats.ggml_types import ValueType
+from engine.formats.gguf_structure import GGUFLayout, read_layout
+from engine.formats.json_input import MAX_JSON_DEPTH, json_depth, parse_json, text_depth
+from engine.formats.safetensors_strict import read_safetensors
+from engine.formats.source import SourceModel, open_source
+from engine.gates.runtime.gate import context_size
+from engine.gates.storage.gate import open_source_or_blocker, run_storage_gate, validate_structure
+from engine.policy import Policy
+from engine.report import GateResult, Report
+from engine.summary import render_summary
 from tests.fuzz.hostile import CASES, Case, bad_string, gguf_bytes, honest_kvs, safetensors_bytes, write_honest_pair
 from tests.gguf_bytes import kv_array, kv_scalar, kv_string
-from worker.blockers import Blocker
-from worker.errors import CodedError, SourceError
-from worker.formats.ggml_types import ValueType
-from worker.formats.gguf_structure import GGUFLayout, read_layout
-from worker.formats.json_input import MAX_JSON_DEPTH, json_depth, parse_json, text_depth
-from worker.formats.safetensors_strict import read_safetensors
-from worker.formats.source import SourceModel, open_source
-from worker.gates.runtime.gate import context_size
-from worker.gates.storage.gate import open_source_or_blocker, run_storage_gate, validate_structure
-from worker.policy import Policy
-from worker.report import GateResult, Report
-from worker.summary import render_summary
 
 # Defects gate 1 does not judge: a descriptive name, and keys only llama.cpp's loader reads (gate 2).
 ONLY_GATE2_CAN_TELL = {"gguf-name-bad-utf8", "gguf-tokenizer-pre-array"}

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.formats.ggml_types import ValueType
+from engine.quant.imatrix import ImatrixError, read_imatrix
 from tests.gguf_bytes import GGUFBytes, kv_array, kv_scalar, kv_string, tensor_info
-from worker.formats.ggml_types import ValueType
-from worker.quant.imatrix import ImatrixError, read_imatrix
 
 F32, F16 = 0, 1
 METADATA = (kv_string("general.type", "imatrix"), kv_array("imatrix.datasets", ValueType.STRING, ["texts.txt"]),

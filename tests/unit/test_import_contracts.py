@@ -72,7 +72,7 @@ def test_no_module_of_the_packages_is_part_of_an_import_cycle() -> None:
     is still one."""
     import grimp
 
-    graph = grimp.build_graph("worker", "edge", "service")
+    graph = grimp.build_graph("engine", "edge", "service")
     modules = {module: set(graph.find_modules_directly_imported_by(module)) for module in graph.modules}
     assert _cycles(modules) == []
 

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME
-from worker.formats.gguf_structure import GGUFLayout, TensorInfo
-from worker.formats.source import open_source
-from worker.gates.architectures import Architecture, Derivation, RowTransform
-from worker.gates.architectures.derived import DerivedTensor, row_slice, stacked, value_map
-from worker.gates.inventory import take_inventory
-from worker.gates.storage.tensor_values import check_tensor
-from worker.policy import Policy
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import GGUFLayout, TensorInfo
+from engine.formats.source import open_source
+from engine.gates.architectures import Architecture, Derivation, RowTransform
+from engine.gates.architectures.derived import DerivedTensor, row_slice, stacked, value_map
+from engine.gates.inventory import take_inventory
+from engine.gates.storage.tensor_values import check_tensor
+from engine.policy import Policy
 
 F32 = GGML_TYPES_BY_NAME["F32"]
 RNG = np.random.default_rng(7)

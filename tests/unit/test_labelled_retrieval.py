@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.formats.source import SourceModel
-from worker.gates.runtime.labelled_measure import cut_to_fit, declared_widths, within
-from worker.gates.runtime.labelled_retrieval import (
+from engine.formats.source import SourceModel
+from engine.gates.runtime.labelled_measure import cut_to_fit, declared_widths, within
+from engine.gates.runtime.labelled_retrieval import (
     LabelledSet,
     at_width,
     min_cosine_at,

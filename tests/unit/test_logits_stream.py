@@ -7,17 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.gates.runtime import logit_math
-from worker.gates.runtime.layer_divergence import locate_divergence
-from worker.gates.runtime.logit_math import compare_rows
-from worker.gates.runtime.logits_parity import LogitsResult, PastMark, TextFigures, check_logits, conclude
-from worker.gates.runtime.logits_stream import LogitsStream, Segment, plan_blocks, rows_per_block
-from worker.gates.runtime.positions import Marks, past_mark
-from worker.gates.runtime.quality import SourceGap, position_stats, summarize
-from worker.policy import Policy
-from worker.runtime.llama_process import Pending
-from worker.texts import Text
-from worker.thresholds import RuntimeThresholds
+from engine.gates.runtime import logit_math
+from engine.gates.runtime.layer_divergence import locate_divergence
+from engine.gates.runtime.logit_math import compare_rows
+from engine.gates.runtime.logits_parity import LogitsResult, PastMark, TextFigures, check_logits, conclude
+from engine.gates.runtime.logits_stream import LogitsStream, Segment, plan_blocks, rows_per_block
+from engine.gates.runtime.positions import Marks, past_mark
+from engine.gates.runtime.quality import SourceGap, position_stats, summarize
+from engine.policy import Policy
+from engine.runtime.llama_process import Pending
+from engine.texts import Text
+from engine.thresholds import RuntimeThresholds
 
 VOCABULARY = 300
 
@@ -138,7 +138,7 @@ TEXTS = (Text("one", "alpha beta gamma delta epsilon"), Text("two", "zeta eta"),
 
 
 def streamed(monkeypatch: pytest.MonkeyPatch, rows: int, candidate: FakeCandidate):
-    monkeypatch.setattr("worker.gates.runtime.logits_stream.LOGITS_BLOCK_BYTES", rows * 4 * VOCABULARY)
+    monkeypatch.setattr("engine.gates.runtime.logits_stream.LOGITS_BLOCK_BYTES", rows * 4 * VOCABULARY)
     reference, gap = FakeReference(), SourceGap()
     ids = [word_ids(t.text) for t in TEXTS]
     stream = LogitsStream(TEXTS, ids, [[(0, len(found))] for found in ids], candidate, reference,  # type: ignore[arg-type]

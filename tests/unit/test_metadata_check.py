@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME, ValueType
-from worker.formats.gguf_structure import GGUFArray, GGUFLayout, TensorInfo
-from worker.formats.source import SourceModel
-from worker.gates.architectures import architecture_for
-from worker.gates.hyperparameters import common_hyperparameters, rope_parameters, underivable_rope_scaling
-from worker.gates.storage.metadata_check import MetadataOutcome, check_metadata
-from worker.gates.storage.metadata_keys import disposition
-from worker.gates.storage.tokenizer_metadata import (
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME, ValueType
+from engine.formats.gguf_structure import GGUFArray, GGUFLayout, TensorInfo
+from engine.formats.source import SourceModel
+from engine.gates.architectures import architecture_for
+from engine.gates.hyperparameters import common_hyperparameters, rope_parameters, underivable_rope_scaling
+from engine.gates.storage.metadata_check import MetadataOutcome, check_metadata
+from engine.gates.storage.metadata_keys import disposition
+from engine.gates.storage.tokenizer_metadata import (
     TokenizerFiles,
     expected_flags,
     ggml_model,

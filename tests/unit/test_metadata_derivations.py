@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from engine.errors import SourceError
+from engine.gates.expectation import NO_DEFAULT, Expectation
+from engine.gates.hyperparameters import common_hyperparameters
+from engine.gates.storage.tokenizer_metadata import TokenizerFiles, flag_findings, lowercases, tokenizer_expectations
 from tests.unit.test_metadata_check import BPE_TOKENIZER, HONEST_LLAMA, LLAMA_CONFIG, source
-from worker.errors import SourceError
-from worker.gates.expectation import NO_DEFAULT, Expectation
-from worker.gates.hyperparameters import common_hyperparameters
-from worker.gates.storage.tokenizer_metadata import TokenizerFiles, flag_findings, lowercases, tokenizer_expectations
 
 FULL_CONFIG = {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -144,7 +144,7 @@ FLAGS_eos_id = ([('tokenizer.ggml.eos_token_id', 'add_eos_token adds token 5, th
 
 
 def test_what_looks_like_a_special_token():
-    from worker.gates.storage.tokenizer_metadata import _looks_special
+    from engine.gates.storage.tokenizer_metadata import _looks_special
 
     for token, special in (("<|endoftext|>", True), ("<tag>", True), ("<|x>", True), ("<a b>", False),
                            ("<é>", False), ("x>", False), ("<x", False), ("|>", False), ("<|", False),
@@ -153,7 +153,7 @@ def test_what_looks_like_a_special_token():
 
 
 def test_unknown_token_from_the_model_and_vocabulary_size_from_the_ids(tmp_path):
-    from worker.gates.storage.tokenizer_metadata import special_ids, vocabulary
+    from engine.gates.storage.tokenizer_metadata import special_ids, vocabulary
 
     wordpiece = {"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1, "b": 3}},
                  "added_tokens": [{"id": 5, "content": "[X]", "special": True}]}

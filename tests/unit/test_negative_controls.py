@@ -12,33 +12,33 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import defect_copy
-from worker.blockers import Blocker
-from worker.controls.planted import Planted, newly_raised, not_applicable
-from worker.controls.run import ControlInputs, run_controls, undetected
-from worker.formats.ggml_types import GGMLType
-from worker.formats.gguf_structure import TensorInfo, read_layout
-from worker.formats.source import open_source
-from worker.gates.release import controls as release_control_module
-from worker.gates.release import digest as release
-from worker.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
-from worker.gates.runtime.controls import embedding_control, logits_control, other_id, tokenizer_control, turned_away
-from worker.gates.runtime.evidence import (
+from engine.blockers import Blocker
+from engine.controls.planted import Planted, newly_raised, not_applicable
+from engine.controls.run import ControlInputs, run_controls, undetected
+from engine.formats.ggml_types import GGMLType
+from engine.formats.gguf_structure import TensorInfo, read_layout
+from engine.formats.source import open_source
+from engine.gates.release import controls as release_control_module
+from engine.gates.release import digest as release
+from engine.gates.runtime import embedding_parity, logits_parity, tokenizer_parity
+from engine.gates.runtime.controls import embedding_control, logits_control, other_id, tokenizer_control, turned_away
+from engine.gates.runtime.evidence import (
     EmbeddingEvidence,
     LogitsEvidence,
     Recorded,
     RuntimeEvidence,
     TokenizerEvidence,
 )
-from worker.gates.runtime.gate import RuntimeMeasurements
-from worker.gates.runtime.logits_stream import KeptBlock
-from worker.gates.storage import tensor_values
-from worker.gates.storage.controls import _row_weights, candidates_by_type, one_row, plant_site, storage_controls
-from worker.policy import Policy
-from worker.quant.imatrix import read_imatrix
-from worker.report import Control
-from worker.runtime.sentence_config import SentenceConfig
-from worker.texts import Text
+from engine.gates.runtime.gate import RuntimeMeasurements
+from engine.gates.runtime.logits_stream import KeptBlock
+from engine.gates.storage import tensor_values
+from engine.gates.storage.controls import _row_weights, candidates_by_type, one_row, plant_site, storage_controls
+from engine.policy import Policy
+from engine.quant.imatrix import read_imatrix
+from engine.report import Control
+from engine.runtime.sentence_config import SentenceConfig
+from engine.texts import Text
+from tests.conftest import defect_copy
 
 TEXTS = (Text("one", "alpha beta gamma delta"), Text("two", "epsilon zeta"), Text("three", "eta"))
 CLS, SEP = 101, 102
@@ -375,7 +375,7 @@ def test_plant_sites():
 
 def test_a_sampled_reproduction_is_planted_in_its_first_sampled_block():
     policy = Policy(reproduce_sample=0.25)
-    from worker.quant.sampling import block_sample
+    from engine.quant.sampling import block_sample
 
     first = int(np.flatnonzero(block_sample("ab" * 32, "t", 40, 0.25))[0])
     assert first != 20  # not the middle block a full reproduction would get

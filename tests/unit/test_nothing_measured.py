@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.formats.gguf_structure import read_layout
+from engine.formats.source import open_source
+from engine.gates.release.gate import _remeasure_logits
+from engine.gates.runtime.gate import RuntimeMeasurements, nothing_measured, run_runtime_gate
+from engine.gates.storage.gate import run_storage_gate
+from engine.policy import Policy
+from engine.texts import submitted_texts
 from tests.fuzz.hostile import gguf_bytes, honest_kvs, safetensors_bytes, write_honest_pair
 from tests.gguf_bytes import GGUFBytes
-from worker.formats.gguf_structure import read_layout
-from worker.formats.source import open_source
-from worker.gates.release.gate import _remeasure_logits
-from worker.gates.runtime.gate import RuntimeMeasurements, nothing_measured, run_runtime_gate
-from worker.gates.storage.gate import run_storage_gate
-from worker.policy import Policy
-from worker.texts import submitted_texts
 
 
 def test_gate1_with_no_tensor_compared_is_not_run(tmp_path):

@@ -1,4 +1,4 @@
-"""OpenSSF Model Signing signatures (`worker/oms.py`) against the `model-signing` library itself: what the
+"""OpenSSF Model Signing signatures (`engine/oms.py`) against the `model-signing` library itself: what the
 library signs is read here (good, tampered, wrong key, a file it does not cover, a forged payload), and
 what convgate signs the library's own verifier accepts, for one file and for a split's shards."""
 
@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from model_signing import hashing, signing, verifying
 
-from worker import oms
+from engine import oms
 
 
 def _key(tmp_path: Path, name: str, curve: ec.EllipticCurve | None = None) -> ec.EllipticCurvePrivateKey:

@@ -10,13 +10,13 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from worker.blockers import BLOCKER_CODES, Blocker, safe_text
-from worker.errors import UsageError
-from worker.policy import Policy, load_policy
-from worker.quality_budgets import DEFAULT_QUALITY_BUDGETS, QualityBudget
-from worker.quant.compute import COMPUTE_CLASSES
-from worker.quant.precision import PRECISION_CLASSES
-from worker.thresholds import DEFAULT_RUNTIME_THRESHOLDS
+from engine.blockers import BLOCKER_CODES, Blocker, safe_text
+from engine.errors import UsageError
+from engine.policy import Policy, load_policy
+from engine.quality_budgets import DEFAULT_QUALITY_BUDGETS, QualityBudget
+from engine.quant.compute import COMPUTE_CLASSES
+from engine.quant.precision import PRECISION_CLASSES
+from engine.thresholds import DEFAULT_RUNTIME_THRESHOLDS
 
 # field: (lowest accepted, highest accepted or None when unbounded)
 BOUNDS = {"tie_ulps": (0, 16), "reader_crosscheck_rows": (2, 64), "max_context_tokens": (16, None),

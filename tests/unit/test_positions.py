@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.gates.runtime.positions import (
+from engine.gates.runtime.positions import (
     LONG_CONTEXT_BYTES,
     LONG_CONTEXT_CAP,
     LONG_CONTEXT_WORK,

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME
-from worker.formats.gguf_structure import TensorInfo
-from worker.formats.source import open_source
-from worker.gates.storage.tensor_values import check_tensor
-from worker.policy import Policy
-from worker.quant import bounds, reference
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import TensorInfo
+from engine.formats.source import open_source
+from engine.gates.storage.tensor_values import check_tensor
+from engine.policy import Policy
+from engine.quant import bounds, reference
 
 NEW_TYPES = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
              "TQ1_0", "TQ2_0", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -109,7 +109,7 @@ def test_types_needing_an_imatrix_are_not_reproduced_without_one_and_say_why(tmp
 
 
 def test_requires_imatrix_table_matches_libggml():
-    from worker.quant import libggml
+    from engine.quant import libggml
 
     needing = {name for name, t in GGML_TYPES_BY_NAME.items()
                if name in reference.REPRODUCIBLE and libggml.requires_imatrix(t.id)}

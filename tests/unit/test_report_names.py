@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from worker.engine import LocalInputs, VerifyRequest, verify
-from worker.policy import Policy
+from engine.policy import Policy
+from engine.verification import LocalInputs, VerifyRequest, verify
 
 SOURCE_URI = "hf://org/model@" + "a" * 40
 ARTIFACT_URI = "hf://org/model-gguf@" + "b" * 40 + "/model.gguf"

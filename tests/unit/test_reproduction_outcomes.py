@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from worker.acceptance import accept_unreproduced
-from worker.blockers import Blocker
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME
-from worker.formats.gguf_structure import TensorInfo
-from worker.formats.source import open_source
-from worker.gates.storage.systematic import quantizer_build, reclassify
-from worker.gates.storage.tensor_values import check_tensor
-from worker.policy import Policy
-from worker.quant import reference
-from worker.report import GateResult, TensorRow
+from engine.acceptance import accept_unreproduced
+from engine.blockers import Blocker
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import TensorInfo
+from engine.formats.source import open_source
+from engine.gates.storage.systematic import quantizer_build, reclassify
+from engine.gates.storage.tensor_values import check_tensor
+from engine.policy import Policy
+from engine.quant import reference
+from engine.report import GateResult, TensorRow
 
 Q8_0 = GGML_TYPES_BY_NAME["Q8_0"]
 NAMES = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.ffn_up.weight")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from worker.resources import ThreadSettingError, cgroup_cpu_limit, cpu_budget
+from engine.resources import ThreadSettingError, cgroup_cpu_limit, cpu_budget
 
 SCHEDULABLE = len(os.sched_getaffinity(0))
 

@@ -7,12 +7,12 @@ import zlib
 import numpy as np
 import pytest
 
-from worker.gates.runtime.embedding_parity import check_embeddings
-from worker.gates.runtime.logits_parity import check_logits
-from worker.gates.runtime.tokenizer_parity import check_tokenizer, template_facts
-from worker.policy import Policy
-from worker.runtime.sentence_config import SentenceConfig
-from worker.texts import RETRIEVAL, Text
+from engine.gates.runtime.embedding_parity import check_embeddings
+from engine.gates.runtime.logits_parity import check_logits
+from engine.gates.runtime.tokenizer_parity import check_tokenizer, template_facts
+from engine.policy import Policy
+from engine.runtime.sentence_config import SentenceConfig
+from engine.texts import RETRIEVAL, Text
 
 TEXTS = (Text("a", "alpha beta"), Text("b", "gamma delta"), Text("k", "한국어"))
 SENTENCE = SentenceConfig("mean", True, {})

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME
-from worker.formats.gguf_structure import TensorInfo
-from worker.gates.storage.reproduction import reproduce_chunk
-from worker.quant import reference
-from worker.quant.sampling import SAMPLED_TYPES, block_sample, detection_probability, sampled
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import TensorInfo
+from engine.gates.storage.reproduction import reproduce_chunk
+from engine.quant import reference
+from engine.quant.sampling import SAMPLED_TYPES, block_sample, detection_probability, sampled
 
 pytestmark = pytest.mark.slow  # libggml
 SEED = "ab" * 32
@@ -80,7 +80,7 @@ def test_anyone_can_redraw_the_sample_from_the_documented_recipe():
 
 
 def test_the_report_names_the_fraction_seed_types_and_probabilities():
-    from worker.quant.sampling import sampling_details
+    from engine.quant.sampling import sampling_details
 
     details = sampling_details(0.25, SEED, 3, 12)
     assert details == {"fraction": 0.25, "seed": SEED, "types": ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"],

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.errors import SourceError
-from worker.formats.sentencepiece_model import read_pieces
+from engine.errors import SourceError
+from engine.formats.sentencepiece_model import read_pieces
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))  # the scripts import each other by name
 from fixtures_decoders import _field, _varint  # the fixtures' protobuf writer

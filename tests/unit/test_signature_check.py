@@ -1,4 +1,4 @@
-"""The engine's check of publishers' signatures (`worker/signature_check.py`) on small files, every way it
+"""The engine's check of publishers' signatures (`engine/signature_check.py`) on small files, every way it
 can end: recorded, or NO-GO with the input's own code and a reason that names what is wrong. The same
 checks on the trained MiniLM are in tests/integration/test_signed_sources.py."""
 
@@ -11,10 +11,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from worker import oms
-from worker.policy import Policy
-from worker.report import FileDigest
-from worker.signature_check import SignatureInput, check_signatures
+from engine import oms
+from engine.policy import Policy
+from engine.report import FileDigest
+from engine.signature_check import SignatureInput, check_signatures
 
 SOURCE_URI = "hf://org/model@" + "a" * 40
 KEY = ec.generate_private_key(ec.SECP256R1())

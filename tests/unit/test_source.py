@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from worker.errors import SourceError
-from worker.formats import packed
-from worker.formats.safetensors_strict import read_safetensors
-from worker.formats.source import open_source
+from engine.errors import SourceError
+from engine.formats import packed
+from engine.formats.safetensors_strict import read_safetensors
+from engine.formats.source import open_source
 
 
 def raw_safetensors(path: Path, header: str, data: bytes) -> Path:

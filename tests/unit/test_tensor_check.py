@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME
-from worker.formats.gguf_structure import TensorInfo
-from worker.formats.source import open_source
-from worker.gates.architectures import RowTransform
-from worker.gates.storage.tensor_values import check_kind, check_tensor, f32_to_bf16_bits
-from worker.policy import Policy
-from worker.quant import libggml, reference
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import TensorInfo
+from engine.formats.source import open_source
+from engine.gates.architectures import RowTransform
+from engine.gates.storage.tensor_values import check_kind, check_tensor, f32_to_bf16_bits
+from engine.policy import Policy
+from engine.quant import libggml, reference
 
 ROWS, COLS = 8, 256
 
@@ -153,7 +153,7 @@ def test_check_kinds():
 
 def test_statistics_add_up_across_chunks(tmp_path, monkeypatch):
     """One row per chunk: defects in different chunks are counted together, never overwritten."""
-    from worker.gates.storage import tensor_values
+    from engine.gates.storage import tensor_values
 
     monkeypatch.setattr(tensor_values, "CHUNK_ELEMENTS", COLS)
     x = weights()
@@ -201,7 +201,7 @@ def test_q8_0_from_a_bf16_pipeline_is_recognised(tmp_path):
 
 
 def test_bound_violations_add_up_across_chunks(tmp_path, monkeypatch):
-    from worker.gates.storage import tensor_values
+    from engine.gates.storage import tensor_values
 
     monkeypatch.setattr(tensor_values, "CHUNK_ELEMENTS", COLS)
     x = weights()
@@ -226,7 +226,7 @@ def test_a_reader_disagreement_is_a_verifier_blocker(tmp_path, monkeypatch):
 
 
 def test_a_type_without_reproducer_or_bound_is_unsupported():
-    from worker.gates.storage.tensor_values import _Accumulator, _judge
+    from engine.gates.storage.tensor_values import _Accumulator, _judge
 
     info = TensorInfo("t", (256,), GGML_TYPES_BY_NAME["Q8_K"], 0, 292)  # IQ2_S had none before grid_bounds
     (blocker,) = _judge(_Accumulator(), info, "bounded", None, None)
@@ -235,7 +235,7 @@ def test_a_type_without_reproducer_or_bound_is_unsupported():
 
 
 def test_sampled_rows_are_fixed_per_tensor_and_include_both_ends():
-    from worker.gates.storage.tensor_values import _sample_rows
+    from engine.gates.storage.tensor_values import _sample_rows
 
     assert _sample_rows("blk.0.w", 100, 6).tolist() == SAMPLED_BLK0
     assert _sample_rows("other", 100, 6).tolist() == SAMPLED_OTHER

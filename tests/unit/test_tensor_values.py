@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.formats.ggml_types import GGML_TYPES_BY_NAME
-from worker.formats.gguf_structure import TensorInfo
-from worker.gates.storage import tensor_values
-from worker.gates.storage.reproduction import _is_rounding_tie
-from worker.gates.storage.tensor_values import f32_to_bf16_bits, readers_agree
-from worker.quant import bounds, libggml, reference
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import TensorInfo
+from engine.gates.storage import tensor_values
+from engine.gates.storage.reproduction import _is_rounding_tie
+from engine.gates.storage.tensor_values import f32_to_bf16_bits, readers_agree
+from engine.quant import bounds, libggml, reference
 
 Q8_0 = GGML_TYPES_BY_NAME["Q8_0"]
 INFO = TensorInfo("t", (32,), Q8_0, 0, 34)
@@ -90,7 +90,7 @@ def test_derived_bound_holds_for_the_reference_quantizer_and_is_not_loose(type_n
 
 @pytest.mark.parametrize("type_name", ["Q8_1", "Q1_0"])
 def test_types_gguf_py_cannot_read_raise_our_error(type_name):
-    from worker.errors import UnsupportedTypeError
+    from engine.errors import UnsupportedTypeError
 
     ggml_type = GGML_TYPES_BY_NAME[type_name]
     with pytest.raises(UnsupportedTypeError, match=type_name):

@@ -12,6 +12,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from sqlalchemy.orm import Session
 
+from engine.errors import ConvgateError
 from service.config import Settings
 from service.dispatch.base import WorkerExit
 from service.dispatch.kube.cluster_state import ClusterStatus, Phase, job_status
@@ -29,7 +30,6 @@ from service.lifecycle import Reason, State
 from service.persistence import repository
 from service.persistence.clock import SYSTEM_CLOCK, Clock, as_utc, now
 from service.persistence.models import Verification
-from worker.errors import ConvgateError
 
 log = logging.getLogger("convgate.kubernetes")
 

@@ -1,0 +1,265 @@
+"""The verification engine: a request and a policy in, a `Report` out. No HTTP server, no SQL, no printing.
+
+The engine is a pure function of local files: fetching by URI happens at the edge (`edge/`), which
+hands over paths and the (redacted) URI the report names the artifact by. Order matters: check the
+digest, validate structure with our own parser and open the source strictly, and only then let gates
+(and so gguf-py, llama.cpp, transformers) near the files. A requested gate that cannot run is a
+blocker, so GO never claims more than was run.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.acceptance import accept_unreproduced
+from engine.blockers import Blocker
+from engine.controls.run import ControlInputs, run_controls, undetected
+from engine.digests import digest_file, digest_tree, sha256_file
+from engine.errors import ConvgateError
+from engine.formats.artifact_files import artifact_paths, sibling_uri
+from engine.gates import registry
+from engine.gates.contract import GateContext, GateOutcome
+from engine.gates.storage.gate import open_source_or_blocker, storage_notes, validate_structure
+from engine.gates.storage.parts import StoragePart, merge_parts
+from engine.policy import Policy
+from engine.progress import Progress, no_progress
+from engine.quant.imatrix import ImatrixError, ImportanceMatrix, read_imatrix
+from engine.report import Control, FileDigest, GateResult, Report, SignatureCheck
+from engine.request import LocalInputs, VerifyRequest
+from engine.resources import cpu_budget
+from engine.signature_check import check_signatures
+from engine.versions import package_version
+
+ALWAYS_NOT_VERIFIED = (
+    "retrieval quality against ground truth (only agreement with the reference model is measured)",
+    "behaviour on inputs outside the verified text set",
+    "quantized tensors the verifier cannot reproduce (no importance matrix given, or another quantizer) are "
+    "NO-GO (tensor.not_reproduced / tensor.other_quantizer) unless the policy lets a passing gate 2 vouch for them",
+)
+IMATRIX_TAKEN_AS_GIVEN = ("the importance matrix is taken as given: whether it was computed from this source model "
+                          "over the texts it names is not verified")
+ENVIRONMENT_PACKAGES = ("convgate", "gguf", "numpy", "llama-cpp-python", "transformers", "torch", "tokenizers")
+
+
+class SourceUnavailableError(ConvgateError):
+    """The source model cannot be read at all: no verdict is possible (CLI exit 2)."""
+
+    code = "engine.source_unavailable"
+
+
+def environment() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in ENVIRONMENT_PACKAGES:
+        versions[package] = package_version(package) or "not installed"
+    versions["threads"] = str(cpu_budget())  # every thread pool's size: the pod's CPU limit or CONVGATE_THREADS
+    return versions
+
+
+class _Run:
+    """Accumulates one verification's gates, blockers, files and timings."""
+
+    def __init__(self, request: VerifyRequest) -> None:
+        self.request = request
+        self.started = time.perf_counter()
+        self.blockers: list[Blocker] = []
+        self.gates: dict[str, GateResult] = {}
+        self.files: list[FileDigest] = []
+        self.timings: dict[str, float] = {}
+        self.not_verified = [f"gate {gate.number} ({gate.name}) was not requested" for gate in registry.GATES
+                             if gate.number not in request.gates]
+        self.artifact: FileDigest | None = None
+        self.imatrix: FileDigest | None = None
+        self.controls: list[Control] = []
+        self.signatures: list[SignatureCheck] = []
+
+    def stop_all(self, blocker: Blocker | tuple[Blocker, ...], why: str) -> None:
+        self.blockers.extend(blocker if isinstance(blocker, tuple) else (blocker,))
+        for gate in registry.requested(self.request.gates):
+            self.gates[gate.name] = GateResult(name=gate.name, status="not_run", details={"why": why})
+
+    def record(self, outcome: GateOutcome, pieces: int) -> None:
+        """One gate's outcome into the report: its result (a part of gate 1 waits for the merge), blockers,
+        notes, and the release package's files after the artifact's `pieces`."""
+        if outcome.result is not None:
+            self.gates[outcome.result.name] = outcome.result
+            self.timings[outcome.result.name] = outcome.result.seconds
+        self.blockers.extend(outcome.blockers)
+        self.not_verified.extend(outcome.not_verified)
+        self.files[pieces:pieces] = outcome.package_files
+
+    def check_signatures(self, inputs: LocalInputs, policy: Policy, pieces: int) -> None:
+        """The publishers' signatures against the files digested so far (the artifact's `pieces`, then the
+        source's); a bad one is NO-GO whatever the gates find, and they still run, to say what else."""
+        signed = check_signatures(inputs.signatures(self.request), self.request.trusted_signers, policy,
+                                  pieces=self.files[:pieces], source_files=self.files[pieces:],
+                                  source_uri=inputs.source_name)
+        self.files.extend(signed.files)
+        self.signatures = signed.checks
+        self.blockers.extend(signed.blockers)
+
+    def check_controls(self, inputs: ControlInputs) -> None:
+        """Plant one defect per comparison of every gate that ran; one that passes is a blocker."""
+        self.controls = run_controls(inputs)
+        self.blockers.extend(undetected(self.controls))
+        self.timings["controls"] = sum(control.seconds for control in self.controls)
+
+    def report(self, policy: Policy) -> Report:
+        self.timings["total"] = time.perf_counter() - self.started
+        if "controls" in self.timings:  # what proving the gates could fail cost, as a share of the run
+            self.timings["controls_share"] = self.timings["controls"] / self.timings["total"]
+        self.blockers, accepted = accept_unreproduced(self.blockers, self.gates, policy)
+        self.not_verified.extend(accepted)
+        return Report(
+            verdict="NO-GO" if self.blockers or not self.gates else "GO",
+            blockers=self.blockers, gates=self.gates,
+            policy={"values": policy.model_dump(mode="json"), "sha256": policy.sha256()},
+            artifact=self.artifact, files=self.files, not_verified=self.not_verified + list(ALWAYS_NOT_VERIFIED),
+            environment=environment(), timings=self.timings, controls=self.controls, signatures=self.signatures,
+        )
+
+
+def unfetched(request: VerifyRequest, policy: Policy, blocker: Blocker) -> Report:
+    """The NO-GO for an artifact the edge could not fetch for a definitive reason (404, refused, digest)."""
+    run = _Run(request)
+    run.stop_all(blocker, "artifact not fetched")
+    return run.report(policy)
+
+
+def _load_imatrix(run: _Run, request: VerifyRequest, inputs: LocalInputs) -> ImportanceMatrix | Blocker | None:
+    """Digest first (recorded in `files`, so a refused matrix is named too), then the expected digest, and
+    only then our bounded reader."""
+    if inputs.imatrix is None:
+        return None
+    if not inputs.imatrix.is_file():
+        return Blocker(code="imatrix.unavailable", gate="input", why=f"{inputs.imatrix} is not a readable file")
+    run.imatrix = digest_file(inputs.imatrix, inputs.imatrix_uri)
+    run.files.append(run.imatrix)
+    expected = request.imatrix_sha256
+    if expected is not None and expected.lower() != run.imatrix.sha256:
+        return Blocker(code="imatrix.sha256_mismatch", gate="input",
+                       why=f"importance matrix sha256 is {run.imatrix.sha256}, expected {expected}; not used")
+    try:
+        matrix = read_imatrix(inputs.imatrix)
+    except ImatrixError as exc:
+        return Blocker(code=exc.code, gate="input", why=exc.why)
+    run.not_verified.append(IMATRIX_TAKEN_AS_GIVEN)
+    return matrix
+
+
+def _shifted(progress: Progress, before: int, total: int) -> Callable[[int, int], None]:
+    """One file's hashing progress as progress through all of the artifact's files."""
+    return lambda done, _size: progress("sha256", before + done, total)
+
+
+def _digest_shards(artifact: Path, artifact_uri: str, progress: Progress) -> dict[int, FileDigest]:
+    """The digest of every file of the artifact by its place: one, or each shard of a split that exists (a
+    missing one is named by gate 1's split check), each named by the artifact's URI with its file name."""
+    paths = artifact_paths(artifact)
+    present = {position: path for position, path in enumerate(paths) if path == artifact or path.is_file()}
+    total = sum(path.stat().st_size for path in present.values())
+    digests: dict[int, FileDigest] = {}
+    before = 0
+    for position, path in present.items():
+        uri = artifact_uri if path == artifact else sibling_uri(artifact_uri, path.name)
+        sha = sha256_file(path, _shifted(progress, before, total))
+        digests[position] = FileDigest(uri=uri, sha256=sha, size=path.stat().st_size)
+        before += digests[position].size
+    return digests
+
+
+def _digest_mismatches(request: VerifyRequest, files: int, shards: dict[int, FileDigest]) -> tuple[Blocker, ...]:
+    """Every pinned digest a file does not have, each named. A split pinned by another number of digests than
+    its name has shards is refused whole: which digest pins which file would be a guess."""
+    pinned = request.shard_sha256 or ((request.expected_sha256,) if request.expected_sha256 else ())
+    if request.shard_sha256 and request.expected_sha256 and request.expected_sha256.lower() != pinned[0].lower():
+        return (Blocker(code="artifact.sha256_mismatch", gate="input",
+                        why="the artifact's sha256 and its first shard's pinned sha256 differ; nothing is used"),)
+    if request.shard_sha256 and len(pinned) != files:
+        return (Blocker(code="artifact.sha256_mismatch", gate="input",
+                        why=f"{len(pinned)} shard digests were pinned for a {files}-file artifact; not used"),)
+    found = []
+    for position, digest in shards.items():
+        if position < len(pinned) and pinned[position].lower() != digest.sha256:
+            what = f"shard {position + 1}" if files > 1 else "artifact"
+            found.append(Blocker(code="artifact.sha256_mismatch", gate="input",
+                                 why=f"{what} sha256 is {digest.sha256}, expected {pinned[position]}; not used"))
+    return tuple(found)
+
+
+def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress, shard: int,
+                 shards: int) -> tuple[Report, StoragePart | None]:
+    """One shard of a verification split over pods: (the report without gate 1's values, this shard's part
+    of gate 1). Gates 2 and 3 run whole, in shard 0; a stop before any gate gives the full report and no
+    part. `merge_shards(shard 0's report, every part)` gives the verification's report."""
+    run = _Run(request)
+    source_dir, artifact = inputs.source, inputs.artifact
+    if not source_dir.is_dir():
+        raise SourceUnavailableError(f"{inputs.source_name} is not a directory")
+    if not artifact.is_file():
+        return unfetched(request, policy, Blocker(code="artifact.unreadable", gate="input",
+                                                  why=f"{inputs.artifact_name} is not a readable file")), None
+    digests = _digest_shards(artifact, inputs.artifact_name, progress)
+    pieces = list(digests.values())  # the artifact's files: one, or every shard of a split
+    run.artifact = pieces[0]
+    sha = run.artifact.sha256
+    run.files = [*pieces, *digest_tree(source_dir, inputs.source_name)]
+    run.timings["fetch_and_digest"] = time.perf_counter() - run.started
+    if mismatched := _digest_mismatches(request, len(artifact_paths(artifact)), digests):
+        run.stop_all(mismatched, "artifact digest mismatch")
+        return run.report(policy), None
+    run.check_signatures(inputs, policy, len(pieces))
+    imatrix = _load_imatrix(run, request, inputs)
+    if isinstance(imatrix, Blocker):
+        run.stop_all(imatrix, "the importance matrix was refused")
+        return run.report(policy), None
+    layout = validate_structure(artifact)
+    if isinstance(layout, tuple):
+        run.stop_all(layout, "the artifact is not a well-formed GGUF")
+        return run.report(policy), None
+    source = open_source_or_blocker(source_dir)
+    if isinstance(source, Blocker):
+        run.stop_all(source, "the source model was refused")
+        return run.report(policy), None
+    context = GateContext(request=request, inputs=inputs, policy=policy, progress=progress, pieces=pieces,
+                          layout=layout, source=source, imatrix=imatrix, imatrix_file=run.imatrix, shard=shard,
+                          shards=shards)
+    for gate in registry.requested(request.gates):
+        if shard == 0 or gate.every_shard:
+            run.record(gate.run(context), len(pieces))
+    part = context.part
+    if shard != 0:
+        return run.report(policy), part
+    ran = {name for name, gate in run.gates.items() if gate.status != "not_run"} | ({"storage"} if part else set())
+    run.check_controls(ControlInputs(artifact=artifact, artifact_sha256=sha, layout=layout, source=source,
+                                     policy=policy, imatrix=imatrix, runtime=context.measured,
+                                     gates_run=frozenset(ran)))
+    return run.report(policy), part
+
+
+def merge_shards(head: Report, parts: list[StoragePart], policy: Policy) -> Report:
+    """The one report of a verification whose gate 1 ran in parts: shard 0's report (every other gate)
+    with gate 1 merged from all parts placed first, and the policy's acceptance decided over all blockers.
+    Raises `MergeError` when the parts do not fit together."""
+    storage, storage_blockers = merge_parts(parts, policy)
+    gates = {"storage": storage, **head.gates}
+    blockers, accepted = accept_unreproduced(storage_blockers + head.blockers, gates, policy)
+    kept = [note for note in head.not_verified if note not in ALWAYS_NOT_VERIFIED]
+    return head.model_copy(update={
+        "verdict": "NO-GO" if blockers else "GO", "blockers": blockers, "gates": gates,
+        "not_verified": kept + storage_notes(storage) + accepted + list(ALWAYS_NOT_VERIFIED),
+        "timings": {"storage": storage.seconds, **head.timings},
+    })
+
+
+def verify(request: VerifyRequest, inputs: LocalInputs, policy: Policy, progress: Progress = no_progress) -> Report:
+    """Run the requested gates on local files. GO needs zero blockers and every requested gate to have run.
+    Gate 1 is one part merged alone: the same path, and so the same report, as a run split over pods."""
+    head, part = verify_shard(request, inputs, policy, progress, 0, 1)
+    return head if part is None else merge_shards(head, [part], policy)
+
+
+__all__ = ["LocalInputs", "SourceUnavailableError", "VerifyRequest", "environment", "merge_shards", "unfetched",
+           "verify", "verify_shard"]
