@@ -74,7 +74,8 @@ def _start_logging() -> None:
 def _factory(settings: Settings):
     from service.persistence.db import make_engine, session_factory
 
-    return session_factory(make_engine(settings.database_url))
+    busy = settings.sqlite_busy_timeout_seconds
+    return session_factory(make_engine(settings.database_url, busy_timeout_seconds=busy))
 
 
 @db_app.command("upgrade")

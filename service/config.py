@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     # the server process (`convgate serve`, service/api/serving.py)
     api_threads: int = Field(40, ge=2, le=1000, description="pool threads for request units and streams' polls; "
                              "each holds at most one database connection")
+    sqlite_busy_timeout_seconds: float = Field(30.0, gt=0, le=600, description="SQLite only: how long a write "
+                                               "waits for another's lock before its request answers 503")
     header_timeout_seconds: float = Field(10.0, gt=0, description="a request's line and headers must arrive "
                                           "within this long of its first byte (or of the connection), else 408")
     body_timeout_seconds: float = Field(30.0, gt=0, description="a request's whole body must arrive within "

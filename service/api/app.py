@@ -44,14 +44,14 @@ from service.ticker import Ticker
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks: bool | None = None) -> FastAPI:
-    """`run_callbacks` (default: wherever the dispatch loop runs) starts the completion-callback loop."""
-    engine = make_engine(settings.database_url, threads=settings.api_threads)
+def create_app(settings: Settings, *, loops: Loops | None = None) -> FastAPI:
+    """The API, and beside it the background `loops` this process runs (default: `every_loop`; an API-only
+    process of `serve --workers`, whose parent runs them, is given `no_loops`)."""
+    busy = settings.sqlite_busy_timeout_seconds
+    engine = make_engine(settings.database_url, threads=settings.api_threads, busy_timeout_seconds=busy)
     factory = session_factory(engine)
-    async_engine = make_async_engine(settings.database_url)
-    background = run_dispatcher and settings.dispatcher != "none"
-    lifespan = _lifespan(settings, factory, engine, async_engine, background=background,
-                         run_callbacks=background if run_callbacks is None else run_callbacks)
+    async_engine = make_async_engine(settings.database_url, busy_timeout_seconds=busy)
+    lifespan = _lifespan(settings, factory, engine, async_engine, loops or every_loop)
     app = FastAPI(title="convgate", version="0.1.0", lifespan=lifespan,
                   description="Verifies Hugging Face -> GGUF conversions before they ship.")
     app.state.settings = settings
@@ -101,15 +101,23 @@ def create_app(settings: Settings, *, run_dispatcher: bool = True, run_callbacks
     return app
 
 
-def background_loops(settings: Settings, factory: sessionmaker[Session], *, dispatch: bool = True,
-                     callbacks: bool = True) -> tuple[Ticker | None, Ticker | None]:
-    """The dispatch loop (none on an API-only replica, `dispatcher=none`) and the callback loop, not started."""
-    dispatch_loop = None
-    if dispatch and settings.dispatcher != "none":
-        from service.dispatch.loop import DispatchLoop
+# What runs beside the API in one process, not yet started: made from the settings and the session factory
+Loops = Callable[[Settings, sessionmaker[Session]], list[Ticker]]
 
-        dispatch_loop = DispatchLoop.for_settings(settings, factory)
-    return dispatch_loop, CallbackLoop(factory, settings) if callbacks else None
+
+def every_loop(settings: Settings, factory: sessionmaker[Session]) -> list[Ticker]:
+    """The dispatch loop and the completion-callback loop (callbacks go out where the dispatch loop runs);
+    none on an API-only replica (`dispatcher=none`: another replica dispatches)."""
+    if settings.dispatcher == "none":
+        return []
+    from service.dispatch.loop import DispatchLoop
+
+    return [DispatchLoop.for_settings(settings, factory), CallbackLoop(factory, settings)]
+
+
+def no_loops(settings: Settings, factory: sessionmaker[Session]) -> list[Ticker]:
+    """An API-only process: another process runs the loops (the parent of `serve --workers`)."""
+    return []
 
 
 def end_streams_on_exit_signals(stopping: threading.Event) -> Callable[[], None]:
@@ -138,26 +146,23 @@ def end_streams_on_exit_signals(stopping: threading.Event) -> Callable[[], None]
     return restore
 
 
-def _lifespan(settings: Settings, factory: sessionmaker[Session], engine: Engine, async_engine: AsyncEngine, *,
-              background: bool, run_callbacks: bool) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+def _lifespan(settings: Settings, factory: sessionmaker[Session], engine: Engine, async_engine: AsyncEngine,
+              make_loops: Loops) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """The app's lifespan: the dispatch and callback loops started and stopped, exit signals made to end the
     open event streams, the engines disposed."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads  # a connection each
-        loops = background_loops(settings, factory, dispatch=background, callbacks=run_callbacks)
-        app.state.dispatch_loop, app.state.callback_loop = loops
+        loops = app.state.loops = make_loops(settings, factory)
         for loop in loops:
-            if loop is not None:
-                loop.start()
+            loop.start()
         restore_signals = end_streams_on_exit_signals(app.state.stopping)
         try:
             yield
         finally:
             restore_signals()
             for loop in reversed(loops):
-                if loop is not None:
-                    loop.stop()
+                loop.stop()
             engine.dispose()
             await async_engine.dispose()
     return lifespan

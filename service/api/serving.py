@@ -129,9 +129,9 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int, **optio
 
 def api_replica() -> FastAPI:
     """A worker process's app (uvicorn's factory): the API only; the parent runs the background loops."""
-    from service.api.app import create_app
+    from service.api.app import create_app, no_loops
 
-    app = create_app(Settings(), run_dispatcher=False, run_callbacks=False)
+    app = create_app(Settings(), loops=no_loops)
     settle_the_collector()
     return app
 
@@ -139,7 +139,7 @@ def api_replica() -> FastAPI:
 def serve(settings: Settings, *, host: str, port: int, workers: int = 1) -> None:
     """Serve the API: in this process (and its background loops), or in `workers` API processes while this
     one runs the loops."""
-    from service.api.app import background_loops, create_app
+    from service.api.app import create_app, every_loop
     from service.persistence.db import make_engine, session_factory
 
     if workers == 1:
@@ -149,10 +149,8 @@ def serve(settings: Settings, *, host: str, port: int, workers: int = 1) -> None
         return
     config = server_config(f"{__name__}:api_replica", settings, host=host, port=port, factory=True,
                            workers=workers)
-    engine = make_engine(settings.database_url)
-    dispatching = settings.dispatcher != "none"  # callbacks go out where the dispatch loop runs, as in one process
-    loops = [loop for loop in background_loops(settings, session_factory(engine), callbacks=dispatching)
-             if loop is not None]
+    engine = make_engine(settings.database_url, busy_timeout_seconds=settings.sqlite_busy_timeout_seconds)
+    loops = every_loop(settings, session_factory(engine))  # as in one process: here, beside the API processes
     for loop in loops:
         loop.start()
     try:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.api.app import every_loop
 from service.auth import Role
 from service.config import Settings
 from service.lifecycle import State
@@ -101,7 +102,7 @@ def test_room_for_one_worker_three_submitted_through_the_api(scenarios, db, pod_
     store = db(settings)
     submitter, operator = add_token(store.url, Role.SUBMITTER), add_token(store.url, Role.OPERATOR)
     body = minilm_request().model_dump(mode="json")
-    with (contextlib.contextmanager(start_server)(settings, run_dispatcher=True) as server,
+    with (contextlib.contextmanager(start_server)(settings, loops=every_loop) as server,
           httpx.Client(base_url=server.url, timeout=30, trust_env=False) as http):
         ids = [http.post("/v1/verifications", json=body, headers=server.headers(submitter)).json()["id"]
                for _ in range(3)]

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
+from service.api.app import every_loop
 from service.auth import Role
 from service.config import Settings
 from service.lifecycle import State
@@ -138,7 +139,7 @@ def test_chart_install_migrate_rbac_and_upgrade(cluster: Cluster, pod_runner: Po
     submitter = add_token(before.database_url, Role.SUBMITTER)
     body = minilm_request().model_dump(mode="json")
     serve = contextlib.contextmanager(start_server)
-    with serve(before, run_dispatcher=True) as server, httpx.Client(base_url=server.url, trust_env=False) as http:
+    with serve(before, loops=every_loop) as server, httpx.Client(base_url=server.url, trust_env=False) as http:
         ids = [http.post("/v1/verifications", json=body, headers=server.headers(submitter)).json()["id"]
                for _ in range(3)]
         store.wait_state(ids[0], State.RUNNING, timeout=240)
@@ -154,7 +155,7 @@ def test_chart_install_migrate_rbac_and_upgrade(cluster: Cluster, pod_runner: Po
     # the rollout: the old replica is gone, the new one runs with the upgraded ConfigMap
     after = chart_settings(cluster, monkeypatch, kubeconfig)
     assert after.kubernetes.max_jobs_in_flight == 2
-    with serve(after, run_dispatcher=True):
+    with serve(after, loops=every_loop):
         for verification_id in ids:
             store.wait_state(verification_id, State.COMPLETED, State.FAILED, timeout=300)
     for verification_id in ids:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.api.app import every_loop
 from service.auth import Role
 from tests.conftest import REPO, built, fixtures_root
 from tests.deploy.test_alert_rules import alerts, rule_groups
@@ -29,7 +30,7 @@ DASHBOARD = REPO / "deploy" / "helm" / "convgate" / "dashboards" / "convgate.jso
 @pytest.fixture
 def server(sqlite_url, tmp_path) -> Iterator[LiveServer]:
     settings = settings_for(sqlite_url, tmp_path, file_roots=(fixtures_root(),), concurrency=1)
-    yield from start_server(settings, run_dispatcher=True)
+    yield from start_server(settings, loops=every_loop)
 
 
 def verify_once(server: LiveServer, token: str) -> None:
@@ -99,11 +100,11 @@ def test_a_database_that_does_not_answer_is_counted_and_the_scrape_still_succeed
     answers, with `convgate_database_up 0` instead of the database's metrics."""
     from fastapi.testclient import TestClient
 
-    from service.api.app import create_app
+    from service.api.app import create_app, no_loops
     from service.config import Settings
 
     refusing = "postgresql+psycopg://convgate:x@127.0.0.1:1/convgate?connect_timeout=2"
-    app = create_app(Settings(database_url=refusing, cache_dir=tmp_path / "cache"), run_dispatcher=False)
+    app = create_app(Settings(database_url=refusing, cache_dir=tmp_path / "cache"), loops=no_loops)
     with TestClient(app) as client:
         answer = client.get("/v1/verifications", headers={"Authorization": "Bearer not-checked-before-the-database"})
         assert (answer.status_code, answer.json()["code"]) == (503, "database.unavailable")

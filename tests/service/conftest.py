@@ -14,14 +14,17 @@ import psycopg
 import pytest
 import uvicorn
 from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
 
 from engine.policy import Policy
-from service.api.app import create_app
+from service.api.app import Loops, create_app, no_loops
 from service.auth import Role, digest, new_secret
+from service.callbacks_loop import CallbackLoop
 from service.config import Settings
 from service.persistence import tokens
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.migrate import upgrade
+from service.ticker import Ticker
 from tests.databases import drop_database
 
 PG_ADMIN = os.environ.get("CONVGATE_TEST_PG", "postgresql://convgate_test:convgate-test-only@127.0.0.1:5432/postgres")
@@ -106,8 +109,13 @@ class LiveServer:
         return {"Authorization": f"Bearer {token}"}
 
 
-def start_server(settings: Settings, *, run_dispatcher: bool = False) -> Iterator[LiveServer]:
-    app = create_app(settings, run_dispatcher=run_dispatcher)
+def callback_loop_only(settings: Settings, factory: sessionmaker[Session]) -> list[Ticker]:
+    """The loops of a test that finishes verifications itself and watches their callbacks go out."""
+    return [CallbackLoop(factory, settings)]
+
+
+def start_server(settings: Settings, *, loops: Loops = no_loops) -> Iterator[LiveServer]:
+    app = create_app(settings, loops=loops)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            limit_concurrency=1000))

@@ -13,7 +13,7 @@ import sqlalchemy
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.persistence.access_log import AccessFilters, access_log
 from service.persistence.db import make_engine, session_factory, transaction
@@ -26,7 +26,7 @@ SHA = "a" * 64
 @pytest.fixture(params=["sqlite", "postgres"])
 def api(request, tmp_path):
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg")
-    app = create_app(settings_for(url, tmp_path, file_roots=(Path("/models"),)), run_dispatcher=False)
+    app = create_app(settings_for(url, tmp_path, file_roots=(Path("/models"),)), loops=no_loops)
     suffix = uuid.uuid4().hex[:6]
     names = {role: f"{role.value}-{suffix}" for role in Role}
     tokens = {role: add_token(url, role, names[role]) for role in Role}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.persistence import repository, tokens
 from service.persistence.db import transaction
@@ -23,7 +23,7 @@ SHA = "b" * 64
 def api(sqlite_url, tmp_path):
     settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True, file_roots=(Path("/models"),),
                             metrics_public=False)
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     by_role = {role: add_token(sqlite_url, role, f"{role.value}-1") for role in Role}
     by_role["other-submitter"] = add_token(sqlite_url, Role.SUBMITTER, "submitter-2")
     with TestClient(app) as client:
@@ -255,7 +255,7 @@ def test_request_bodies_are_limited(api):
 
 
 def test_the_ui_token_never_travels_in_a_url_and_the_cookie_is_strict(sqlite_url, tmp_path):
-    app = create_app(settings_for(sqlite_url, tmp_path), run_dispatcher=False)
+    app = create_app(settings_for(sqlite_url, tmp_path), loops=no_loops)
     operator = add_token(sqlite_url, Role.OPERATOR, "op")
     with TestClient(app, base_url="https://testserver") as client:
         legacy = client.get(f"/ui/queue?token={operator}", follow_redirects=False)

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, text
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.persistence import db, repository
 from tests.service.conftest import add_token, settings_for
@@ -26,7 +26,7 @@ BODY = {"source_uri": "hf://org/src@" + "0" * 40, "artifact_uri": "hf://org/m@" 
 @pytest.fixture
 def client(pg, tmp_path):
     app = create_app(settings_for(pg, tmp_path, file_roots=(Path("/models"),), dispatcher="none"),
-                     run_dispatcher=False)  # an API-only replica: no verdict reuse to look up
+                     loops=no_loops)  # an API-only replica: no verdict reuse to look up
     token = add_token(pg, Role.ADMIN, "latency")
     with TestClient(app) as test_client:
         test_client.headers["Authorization"] = f"Bearer {token}"

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.attestations import SigningKey, load_signing_key
 from service.auth import Role
 from service.cli import app as cli
@@ -41,7 +41,7 @@ def files(tmp_path: Path) -> ReportFiles:
 
 def client_for(url: str, tmp_path: Path, **overrides) -> TestClient:
     settings = settings_for(url, tmp_path, allow_file_uris=True, file_roots=(tmp_path / "models",), **overrides)
-    return TestClient(create_app(settings, run_dispatcher=False))
+    return TestClient(create_app(settings, loops=no_loops))
 
 
 @pytest.fixture

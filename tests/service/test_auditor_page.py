@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.attestations import PAYLOAD_TYPE, trusted_public_keys, verify_envelope
 from service.auth import Role
 from tests.service.cdp import Browser
@@ -42,7 +42,7 @@ def seeded(factory) -> dict[str, str]:
 
 @pytest.fixture
 def client(database, tmp_path):
-    app = create_app(settings_for(database, tmp_path), run_dispatcher=False)
+    app = create_app(settings_for(database, tmp_path), loops=no_loops)
     with TestClient(app, base_url="https://testserver") as test_client:
         test_client.ids = seeded(app.state.session_factory)
         test_client.database = database

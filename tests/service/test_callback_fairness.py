@@ -25,12 +25,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from service import callbacks_loop
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.callbacks_loop import CallbackLoop, receiver_of
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import Verification
 from tests.integration.test_fetch import serve
-from tests.service.conftest import settings_for
+from tests.service.conftest import callback_loop_only, settings_for
 from tests.service.test_callbacks import Receiver, auth, callbacks, new_secret, submit, tokens, wait_for
 
 DEADLINE = 5.0  # callback_timeout_seconds: the whole delivery
@@ -102,7 +102,7 @@ def _app(url: str, tmp_path, origins: tuple[str, ...], *, run_callbacks: bool = 
     settings = settings_for(url, tmp_path, file_roots=(tmp_path,), allow_private_addresses=True,
                             callback_http_origins=origins, callback_backoff_seconds=60,
                             callback_timeout_seconds=DEADLINE, **overrides)
-    client = TestClient(create_app(settings, run_dispatcher=False, run_callbacks=run_callbacks))
+    client = TestClient(create_app(settings, loops=callback_loop_only if run_callbacks else no_loops))
     client.app_state = client.app.state  # type: ignore[attr-defined]
     return client
 

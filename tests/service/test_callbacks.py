@@ -19,13 +19,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.persistence import repository
 from service.persistence.clock import SYSTEM_CLOCK
 from service.persistence.db import transaction
 from service.persistence.models import AccessLogRecord
-from tests.service.conftest import add_token, settings_for
+from tests.service.conftest import add_token, callback_loop_only, settings_for
 from tests.service.test_api import complete
 
 SHA = "e" * 64
@@ -82,7 +82,7 @@ def db(request) -> str:
 def app_for(url: str, tmp_path, origin: str, *, run_callbacks: bool, **overrides: Any) -> TestClient:
     settings = settings_for(url, tmp_path, file_roots=(tmp_path,), allow_private_addresses=True,
                             callback_http_origins=(origin,), callback_backoff_seconds=0.05, **overrides)
-    client = TestClient(create_app(settings, run_dispatcher=False, run_callbacks=run_callbacks))
+    client = TestClient(create_app(settings, loops=callback_loop_only if run_callbacks else no_loops))
     client.app_state = client.app.state  # type: ignore[attr-defined]
     return client
 
@@ -130,7 +130,7 @@ def test_a_pending_callback_is_delivered_signed_after_a_restart(db, tmp_path, re
         assert created.status_code == 202, created.text
         verification_id = created.json()["id"]
         complete(before, verification_id)
-        assert before.app.state.callback_loop is None
+        assert before.app.state.loops == []
         assert hook.received == []
         assert callbacks(before, who["one"], verification_id)["state"] == "pending"
     with app_for(db, tmp_path, hook.origin, run_callbacks=True) as after:  # a restart: the loop finds it
@@ -184,7 +184,8 @@ def test_attempts_are_bounded_and_a_dead_receiver_is_recorded(db, tmp_path, rece
         verification_id = submit(api, who["one"], tmp_path, callback_url=f"{hook.origin}/hook").json()["id"]
         api.post(f"/v1/verifications/{verification_id}/cancel", headers=auth(who["one"]))
         wait_for(lambda: callbacks(api, who["one"], verification_id)["state"] == "failed")
-        loop, ticks = api.app.state.callback_loop, api.app.state.callback_loop.ticks
+        [loop] = api.app.state.loops
+        ticks = loop.ticks
         wait_for(lambda: loop.ticks >= ticks + 3)  # three more passes of the loop: nothing more is sent
         deliveries = callbacks(api, who["one"], verification_id)["deliveries"]
     assert [(d["attempt"], d["status_code"]) for d in deliveries] == [(1, 500), (2, 500), (3, 500)]
@@ -218,7 +219,7 @@ def test_a_connection_error_is_recorded_as_the_error(db, tmp_path, receiver):
 def test_a_callback_url_the_uri_policy_refuses_is_422(sqlite_url, tmp_path, url):
     settings = settings_for(sqlite_url, tmp_path, file_roots=(tmp_path,))
     who = tokens(sqlite_url)
-    with TestClient(create_app(settings, run_dispatcher=False)) as api:
+    with TestClient(create_app(settings, loops=no_loops)) as api:
         new_secret(api, who["one"])
         response = submit(api, who["one"], tmp_path, callback_url=url)
         assert response.status_code == 422, response.text

@@ -31,7 +31,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from sqlalchemy import event
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role, digest, new_secret
 from service.persistence import repository, tokens
 from service.persistence.db import make_engine, session_factory, transaction
@@ -78,7 +78,7 @@ def test_no_route_can_wait_for_a_thread_while_it_holds_a_transaction(sqlite_url,
     """A sync dependency runs in a pool thread of its own and keeps what it opened for the request; a sync
     endpoint whose answer is a model is validated in a second pool thread. Either waits for a thread while
     it may hold a transaction; no route may do either."""
-    app = create_app(settings_for(sqlite_url, tmp_path, dispatcher="none"), run_dispatcher=False)
+    app = create_app(settings_for(sqlite_url, tmp_path, dispatcher="none"), loops=no_loops)
     routes = _api_routes(app.routes)
     assert len(routes) >= 25
     refused = []
@@ -106,7 +106,7 @@ def test_reads_begin_as_reads_and_the_write_lock_comes_only_with_the_write(sqlit
 
     world = seed(sqlite_url)
     app = create_app(settings_for(sqlite_url, tmp_path, dispatcher="none", metrics_public=False),
-                     run_dispatcher=False)
+                     loops=no_loops)
     with TestClient(app) as client:
         operator, admin = ({"Authorization": f"Bearer {t}"} for t in (world.operator, world.admin))
         client.get("/v1/queue", headers=operator)  # the pools' connections made before counting

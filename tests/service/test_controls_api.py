@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from engine.digests import sha256_file
 from engine.formats.gguf_structure import read_layout
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.job import run_verification
 from service.persistence import repository
@@ -32,7 +32,7 @@ def test_the_stored_report_lists_the_controls_and_tensor_digests(url, tmp_path):
     root = fixtures_root() / "minilm"
     artifact = root / "minilm-Q8_0.gguf"
     settings = settings_for(url, tmp_path, dispatcher="none", file_roots=(fixtures_root(),))
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     submitter, auditor = add_token(url, Role.SUBMITTER, "pipeline"), add_token(url, Role.AUDITOR, "auditor")
     with TestClient(app) as api:
         created = api.post("/v1/verifications", headers={"Authorization": f"Bearer {submitter}"}, json={

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from tests.service.conftest import add_token, settings_for
 
@@ -18,7 +18,7 @@ BODY = {"source_uri": "hf://org/src@" + "0" * 40, "artifact_uri": "hf://org/m@" 
 
 @pytest.fixture
 def api(sqlite_url, tmp_path):
-    app = create_app(settings_for(sqlite_url, tmp_path, file_roots=(Path("/models"),)), run_dispatcher=False)
+    app = create_app(settings_for(sqlite_url, tmp_path, file_roots=(Path("/models"),)), loops=no_loops)
     tokens = {role: add_token(sqlite_url, role, role.value) for role in (Role.SUBMITTER, Role.AUDITOR)}
     with TestClient(app) as client:
         client.tokens = tokens

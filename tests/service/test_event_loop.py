@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 from sqlalchemy.exc import OperationalError
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.api.login_throttle import LoginThrottle
 from service.auth import Role
 from service.persistence import tokens
@@ -84,7 +84,7 @@ class Server:
 @pytest.fixture
 def server(sqlite_url, tmp_path) -> Iterator[Server]:
     settings = settings_for(sqlite_url, tmp_path, dispatcher="none")
-    with Server(create_app(settings, run_dispatcher=False)) as live:
+    with Server(create_app(settings, loops=no_loops)) as live:
         live.database = sqlite_url.split("///", 1)[1]
         yield live
 
@@ -205,3 +205,20 @@ def test_no_route_blocks_the_loop_while_the_database_is_locked(server):
     probe.running = False
     assert probe.worst < LAG_LIMIT_SECONDS, f"the event loop stalled {probe.worst:.2f}s"
     assert all(code < 500 or code == 503 for code in statuses.values()), statuses
+
+
+def test_a_write_waits_for_sqlites_lock_as_long_as_the_setting_says_then_answers_503(sqlite_url, tmp_path):
+    """CONVGATE_SQLITE_BUSY_TIMEOUT_SECONDS is how long a request's write waits for another writer's lock."""
+    settings = settings_for(sqlite_url, tmp_path, dispatcher="none", sqlite_busy_timeout_seconds=0.5)
+    token = add_token(sqlite_url, Role.ADMIN)
+    with Server(create_app(settings, loops=no_loops)) as live:
+        holder = hold_write_lock(sqlite_url.split("///", 1)[1], seconds=8.0)
+        method, path, body = ROUTES[0]  # a submission: it writes
+        headers = {"Authorization": f"Bearer {token}"}
+        started = time.monotonic()
+        answer = httpx.request(method, f"{live.url}{path}", json=body, headers=headers, timeout=60)
+        waited = time.monotonic() - started
+        holder.join()
+        again = httpx.request(method, f"{live.url}{path}", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 503 and waited < 5.0, (answer.status_code, waited)
+    assert again.status_code == 202, again.text  # the lock released: the same write goes through

@@ -17,7 +17,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
 from service import exports
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.attestations import attestation_for, trusted_public_keys, verify_envelope
 from service.auth import Role
 from service.persistence import repository
@@ -66,7 +66,7 @@ def database(request) -> str:
 
 @pytest.fixture
 def api(database, tmp_path):
-    app = create_app(settings_for(database, tmp_path), run_dispatcher=False)
+    app = create_app(settings_for(database, tmp_path), loops=no_loops)
     tokens = {role: add_token(database, role, f"{role.value}-1") for role in Role}
     tokens["other-submitter"] = add_token(database, Role.SUBMITTER, "submitter-2")
     factory = app.state.session_factory
@@ -301,7 +301,7 @@ def test_cells_of_every_kind():
 
 def test_attestations_without_a_signing_key_are_refused_before_any_row(database, tmp_path):
     app = create_app(settings_for(database, tmp_path, signing_key_file=tmp_path / "missing.pem"),
-                     run_dispatcher=False)
+                     loops=no_loops)
     token = add_token(database, Role.AUDITOR, "auditor-k")
     with TestClient(app) as client:
         headers = {"Authorization": f"Bearer {token}"}

@@ -23,7 +23,7 @@ from engine.formats.artifact_files import artifact_paths
 from engine.policy import Policy
 from engine.report import Report
 from engine.verification import LocalInputs, VerifyRequest
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.job import run_verification
 from service.persistence import repository
@@ -60,7 +60,7 @@ def test_a_single_file_uri_whose_target_is_named_as_a_shard_reads_no_sibling(sql
     artifact = _escape(root, outside, second, first)
     settings = settings_for(sqlite_url, tmp_path, dispatcher="none", file_roots=(root, fixtures_root()))
     submitter = add_token(sqlite_url, Role.SUBMITTER, "pipeline")
-    with TestClient(create_app(settings, run_dispatcher=False)) as api:
+    with TestClient(create_app(settings, loops=no_loops)) as api:
         headers = {"Authorization": f"Bearer {submitter}"}
         created = api.post("/v1/verifications", headers=headers, json={
             "source_uri": (fixtures_root() / "minilm" / "source").as_uri(), "artifact_uri": artifact.as_uri(),

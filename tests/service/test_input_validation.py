@@ -18,7 +18,7 @@ from engine.policy import Policy
 from engine.quality_budgets import QualityBudget
 from engine.rerank_thresholds import RerankThresholds
 from engine.thresholds import RuntimeThresholds
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.job import verify_request
 from service.persistence import repository
@@ -47,7 +47,7 @@ def roots(tmp_path) -> tuple[Path, Path]:
 def api(sqlite_url, tmp_path, roots):
     root, _ = roots
     settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True, file_roots=(root,), metrics_public=False)
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     tokens = {role: add_token(sqlite_url, role, f"{role.value}-1") for role in Role}
     with TestClient(app) as client:
         client.tokens = tokens
@@ -261,7 +261,7 @@ OFFSETS = [timedelta(hours=2), timedelta(0), timedelta(hours=-5, minutes=-30), t
 
 
 def test_since_and_until_are_instants_in_every_offset(database, tmp_path):
-    app = create_app(settings_for(database, tmp_path), run_dispatcher=False)
+    app = create_app(settings_for(database, tmp_path), loops=no_loops)
     token = add_token(database, Role.AUDITOR, "auditor-t")
     base = datetime(2026, 12, 1, 21, 0, tzinfo=UTC)
     ids = _seed(app.state.session_factory, [base - timedelta(hours=3), base - timedelta(minutes=1), base,

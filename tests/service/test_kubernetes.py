@@ -204,12 +204,12 @@ def test_never_admitted_shows_its_queue_position(harness, cluster, sqlite_url, t
     assert {state(factory, v)[0].cluster_status for v in ids} == {"pending admission"}
     from fastapi.testclient import TestClient
 
-    from service.api.app import create_app
+    from service.api.app import create_app, no_loops
     from service.auth import Role
     from tests.service.conftest import add_token
 
     token = add_token(sqlite_url, Role.OPERATOR)
-    with TestClient(create_app(settings(tmp_path, sqlite_url), run_dispatcher=False)) as api:
+    with TestClient(create_app(settings(tmp_path, sqlite_url), loops=no_loops)) as api:
         queue = api.get("/v1/queue", headers={"Authorization": f"Bearer {token}"}).json()
     assert sorted(item["queue_position"] for item in queue["active"]) == [0, 1, 2]
     assert queue["dispatcher"] == "kubernetes"

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from engine.policy import Policy
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.config import Settings
 from service.persistence import repository
@@ -29,7 +29,7 @@ def api(request, tmp_path):
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg")
     settings = settings_for(url, tmp_path, policies={"default": Policy(), "strict": STRICT},
                             file_roots=(Path("/models"),))
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     tokens = {role: add_token(url, role, f"{role.value}-{request.param}") for role in Role}
     with TestClient(app) as client:
         client.tokens = tokens

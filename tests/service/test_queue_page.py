@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.lifecycle import State
 from service.persistence import repository
@@ -180,7 +180,7 @@ def database(request) -> str:
 
 def test_queue_json_and_table_on_both_databases(database, tmp_path):
     """GET /v1/queue carries what the page shows; the table escapes the hostile source and reason."""
-    app = create_app(settings_for(database, tmp_path), run_dispatcher=False)
+    app = create_app(settings_for(database, tmp_path), loops=no_loops)
     with TestClient(app) as client, transaction(app.state.session_factory) as session:
         request = REQUEST | {"source_uri": HOSTILE, "artifact_uri": "hf://org/repo@x/model-q8_0.gguf"}
         waiting = seed(

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import transaction
@@ -195,7 +195,7 @@ def seed_hostile(factory) -> dict[str, str]:
 
 @pytest.fixture
 def pages(sqlite_url, tmp_path):
-    app = create_app(settings_for(sqlite_url, tmp_path), run_dispatcher=False)
+    app = create_app(settings_for(sqlite_url, tmp_path), loops=no_loops)
     with TestClient(app, base_url="https://testserver") as client:
         client.ids = seed_hostile(app.state.session_factory)
         client.database = sqlite_url

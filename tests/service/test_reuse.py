@@ -15,7 +15,7 @@ from sqlalchemy import update
 
 from engine.policy import Policy
 from engine.verification import environment
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.config import KubernetesSettings, Settings
 from service.dispatch.loop import DispatchLoop
@@ -38,7 +38,7 @@ GOLDEN_KEY = "b248ce42fdf931b9fcfab6e38370ca3c30427804c4d90ec023c01d34774e17fa"
 def api(request, tmp_path):
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg")
     settings = settings_for(url, tmp_path, policies={"default": Policy(), "strict": Policy(version="strict-1")})
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     suffix = uuid.uuid4().hex[:6]
     with TestClient(app) as client:
         client.tokens = {who: add_token(url, Role.SUBMITTER, f"{who}-{suffix}") for who in ("one", "two")}
@@ -168,7 +168,7 @@ def test_another_verifier_version_is_not_reused(api):
 def test_an_unpinned_input_is_never_reused(api, tmp_path):
     root = tmp_path / "models"
     settings = settings_for(api.settings.database_url, tmp_path, file_roots=(root,))
-    with TestClient(create_app(settings, run_dispatcher=False)) as local:
+    with TestClient(create_app(settings, loops=no_loops)) as local:
         local.tokens, local.factory, local.settings = api.tokens, api.factory, settings
         unpinned = {"source_uri": (root / "m").as_uri()}
         finish(local, submit(local, **unpinned).json()["id"])

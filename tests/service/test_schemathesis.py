@@ -28,7 +28,7 @@ from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import negative_data_rejection, response_schema_conformance
 
 from engine.policy import Policy
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.persistence import repository
 from service.persistence.db import transaction
@@ -96,7 +96,7 @@ def app_with_data(sqlite_url, tmp_path):
     """The app on the embedded default with a token per role, one verification with a verdict and one queued."""
     settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True, file_roots=(Path("/models"),),
                             metrics_public=False)
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     tokens = {role: add_token(sqlite_url, role, f"{role.value}-st") for role in Role}
     body = {"source_uri": "file:///models/m", "artifact_uri": "file:///models/m.gguf", "artifact_sha256": SHA}
     with TestClient(app) as client:

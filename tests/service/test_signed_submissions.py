@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from model_signing import signing
 
 from engine.digests import sha256_file
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.job import run_verification
 from service.persistence import repository
@@ -56,7 +56,7 @@ def test_a_signed_source_is_checked_by_the_worker_with_the_operators_keys(url, t
     signing.Config().use_elliptic_key_signer(private_key=private).sign(root / "source", signature)
     settings = settings_for(url, tmp_path, dispatcher="none", file_roots=(fixtures_root(), signature.parent),
                             publisher_key_files=(public,))
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     submitter = {"Authorization": f"Bearer {add_token(url, Role.SUBMITTER, 'pipeline')}"}
     with TestClient(app) as api:
         created = api.post("/v1/verifications", headers=submitter, json=_body(root, signature))
@@ -88,7 +88,7 @@ def test_a_signature_needs_its_digest_and_a_readable_publisher_key(sqlite_url, t
     broken.write_text("not a key")
     token = {"Authorization": f"Bearer {add_token(sqlite_url, Role.SUBMITTER, 'pipeline')}"}
     settings = settings_for(sqlite_url, tmp_path, dispatcher="none", file_roots=(root,), publisher_key_files=(broken,))
-    with TestClient(create_app(settings, run_dispatcher=False)) as api:
+    with TestClient(create_app(settings, loops=no_loops)) as api:
         unpinned = _body(root, signature)
         del unpinned["source_signature_sha256"]
         refused = api.post("/v1/verifications", headers=token, json=unpinned)

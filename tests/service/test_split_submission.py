@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.digests import sha256_file
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.job import run_verification
 from service.persistence import repository
@@ -44,7 +44,7 @@ def run(url: str, tmp_path: Path, shards: list[Path], **changes: object) -> tupl
     """Submit, run the worker once, and return (the report, the attestation's statement, the VSA's)."""
     roots = (fixtures_root(), shards[0].parent)
     settings = settings_for(url, tmp_path, dispatcher="none", file_roots=roots)
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     # an inline policy (the suite's long text) is a policy author's to send
     submitter, auditor = add_token(url, Role.POLICY_AUTHOR, "pipeline"), add_token(url, Role.AUDITOR, "auditor")
     with TestClient(app) as api:
@@ -119,5 +119,5 @@ def test_a_split_not_pinned_whole_is_a_422(api_for_validation: TestClient, chang
 @pytest.fixture
 def api_for_validation(sqlite_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     settings = settings_for(sqlite_url, tmp_path, dispatcher="none")
-    with TestClient(create_app(settings, run_dispatcher=False)) as client:
+    with TestClient(create_app(settings, loops=no_loops)) as client:
         yield client, add_token(sqlite_url, Role.SUBMITTER, "pipeline")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.api.ui_sessions import SESSION_SECONDS, UiSessions
 from service.auth import Role
 from tests.service.conftest import add_token, settings_for
@@ -14,7 +14,7 @@ from tests.service.conftest import add_token, settings_for
 
 @pytest.fixture
 def client(sqlite_url, tmp_path):
-    app = create_app(settings_for(sqlite_url, tmp_path, dispatcher="none"), run_dispatcher=False)
+    app = create_app(settings_for(sqlite_url, tmp_path, dispatcher="none"), loops=no_loops)
     with TestClient(app, base_url="https://testserver") as test_client:
         test_client.database = sqlite_url
         yield test_client

@@ -23,7 +23,7 @@ from edge.uri_policy import UriPolicy
 from engine.errors import ConvgateError
 from engine.policy import Policy
 from engine.verification import VerifyRequest
-from service.api.app import create_app
+from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.fetching import FETCH_URIS, input_uris, public_request, stored_request
 from service.persistence import repository
@@ -84,7 +84,7 @@ def test_an_imatrix_uri_is_stored_redacted_and_fetched_with_the_original():
 @pytest.fixture
 def api(sqlite_url, tmp_path):
     settings = settings_for(sqlite_url, tmp_path, allow_file_uris=True, file_roots=(Path("/models"),))
-    app = create_app(settings, run_dispatcher=False)
+    app = create_app(settings, loops=no_loops)
     with TestClient(app) as client:
         client.token = add_token(sqlite_url, Role.ADMIN, "admin-secrets")
         client.url = sqlite_url
@@ -216,7 +216,7 @@ def shared_api(tmp_path_factory):
     url = f"sqlite:///{root / 'convgate.db'}"
     upgrade(url)
     settings = settings_for(url, root, allow_file_uris=True, file_roots=(Path("/models"),))
-    with TestClient(create_app(settings, run_dispatcher=False)) as client:
+    with TestClient(create_app(settings, loops=no_loops)) as client:
         client.token = add_token(url, Role.ADMIN, "admin-properties")
         client.url = url
         secret = client.post("/v1/callback-secret", headers={"Authorization": f"Bearer {client.token}"})
