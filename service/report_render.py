@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from engine.evidence import gate_details, runtime_details, storage_details
+
 POLICY_KEYS = ("token_ids_exact", "require_top1_equal", "reproduce_quantized", "reproduce_sample", "tie_ulps")
 # The characters that open inline Markdown wherever they stand (emphasis, code spans, links and images, raw
 # HTML and autolinks, entities, table cells, a heading's closing #s, the escape itself), backslash-escaped so
@@ -60,25 +62,26 @@ def _gate_lines(report: dict[str, Any]) -> list[str]:
 
 def _results(report: dict[str, Any]) -> list[str]:
     lines = []
-    storage = report["gates"].get("storage", {}).get("details", {})
-    for gguf_type, kinds in storage.get("check_kinds", {}).items():
+    storage = storage_details(gate_details(report, "storage"))
+    for gguf_type, kinds in storage.check_kinds.items():
         lines.append(f"- {md_text(gguf_type)}: " + ", ".join(f"{md_text(n)} {md_text(kind)}"
                                                              for kind, n in kinds.items()))
-    embeddings = report["gates"].get("runtime", {}).get("details", {}).get("embeddings")
-    if embeddings:
-        lines.append(f"- embeddings: min cosine {embeddings['min_cosine']:.6f}, retrieval top-1 agreement "
-                     f"{embeddings['retrieval']['agreement']:.0%}")
-    logits = (report["gates"].get("runtime", {}).get("details", {}).get("logits") or {}).get("summary")
-    if logits:
-        lines.append(f"- logits: NMSE {logits['nmse']:.3g}, KL mean {logits['kl_mean']:.3g}, "
-                     f"top-1 agreement {logits['top1_agreement']:.1%}")
-    quality = report["gates"].get("runtime", {}).get("details", {}).get("quality")
-    overall = (quality or {}).get("slices", {}).get("overall") or {}
-    if "kl_mean" in overall:
-        lines.append(f"- quantization cost against the source: KL mean {overall['kl_mean']:.3g}, same top token "
-                     f"{overall['same_top']:.1%}, perplexity ratio {overall.get('ppl_ratio', float('nan')):.4f}")
-    if "min_cosine" in overall:
-        lines.append(f"- quantization cost against the source: min cosine {overall['min_cosine']:.4f}")
+    runtime = runtime_details(gate_details(report, "runtime"))
+    if (embeddings := runtime.embeddings) and embeddings.min_cosine is not None and embeddings.retrieval:
+        lines.append(f"- embeddings: min cosine {embeddings.min_cosine:.6f}, retrieval top-1 agreement "
+                     f"{embeddings.retrieval.agreement:.0%}")
+    if runtime.logits and (logits := runtime.logits.measured()):
+        top1 = (f"top-1 agreement {logits.top1_agreement:.1%} over {logits.decisive_positions} decisive positions"
+                if logits.top1_agreement is not None else "no decisive top-1 position (all near-ties)")
+        lines.append(f"- logits: NMSE {logits.nmse:.3g}, KL mean {logits.kl_mean:.3g}, {top1}")
+    overall = runtime.quality.slices.get("overall") if runtime.quality else None
+    if overall and overall.kl_mean is not None:
+        same_top = overall.same_top if overall.same_top is not None else float("nan")
+        ratio = overall.ppl_ratio if overall.ppl_ratio is not None else float("nan")
+        lines.append(f"- quantization cost against the source: KL mean {overall.kl_mean:.3g}, same top token "
+                     f"{same_top:.1%}, perplexity ratio {ratio:.4f}")
+    if overall and overall.min_cosine is not None:
+        lines.append(f"- quantization cost against the source: min cosine {overall.min_cosine:.4f}")
     return lines
 
 
@@ -100,9 +103,9 @@ def model_card(report: dict[str, Any], origin: str | None = None) -> list[str]:
              f"(sha256 {md_code(report['policy']['sha256'])}).", "", policy_origin_line(origin), "", "Files:", "",
              "| file | sha256 | bytes |", "|---|---|---|"]
     lines += [f"| {md_code(f['uri'])} | {md_code(f['sha256'])} | {md_text(f['size'])} |" for f in report["files"]]
-    runtime = report["gates"].get("runtime", {}).get("details", {})
-    applied = runtime.get("thresholds") or {}
-    compute = "/".join(md_text(name) for name in runtime.get("compute_classes", []))
+    runtime = runtime_details(gate_details(report, "runtime"))
+    applied = runtime.thresholds
+    compute = "/".join(md_text(name) for name in runtime.compute_classes)
     precision = f" (gate 2 correctness for compute {compute}: " + ", ".join(
         f"{md_text(k)}={v:g}" for k, v in applied.items()) + ")" if applied else ""
     lines += ["", "Thresholds: " + ", ".join(f"{k}={md_text(values[k])}" for k in POLICY_KEYS if k in values)

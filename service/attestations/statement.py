@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.evidence import TensorFigures, gate_details, storage_details
+
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://convgate.dev/verification/v1"
 NOT_RECORDED = "not recorded in the report"
@@ -99,9 +101,8 @@ def _subjects(attested: Attested) -> list[Subject]:
     return list(subjects.values())
 
 
-def _tensor_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    storage = (report.get("gates") or {}).get("storage") or {}
-    return list((storage.get("details") or {}).get("tensors") or ())
+def _tensor_rows(report: dict[str, Any]) -> list[TensorFigures]:
+    return storage_details(gate_details(report, "storage")).tensors
 
 
 def _versions(environment: dict[str, str]) -> Versions:
@@ -115,15 +116,15 @@ def _versions(environment: dict[str, str]) -> Versions:
 
 
 def _quality(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    runtime = (report.get("gates") or {}).get("runtime") or {}
-    return dict((runtime.get("details") or {}).get("quality", {}).get("slices") or {})
+    """Every slice's figures as gate 2 wrote them, in their order: the statement carries them whole, unread."""
+    return dict((gate_details(report, "runtime").get("quality") or {}).get("slices") or {})
 
 
 def build_statement(attested: Attested, keyid: str) -> Statement:
     """The statement for one verdict; tensor digests sorted by name, so the GGUF header's order does not matter."""
     report = attested.report
     rows = _tensor_rows(report)
-    digests = {row["gguf_name"]: row["data_sha256"] for row in rows if row.get("data_sha256")}
+    digests = {row.gguf_name: row.data_sha256 for row in rows if row.data_sha256}
     policy = report.get("policy") or {}
     predicate = Predicate(
         verification_id=attested.verification_id, reused_from=attested.reused_from, verdict=report["verdict"],
@@ -135,7 +136,7 @@ def build_statement(attested: Attested, keyid: str) -> Statement:
         not_verified=list(report.get("not_verified") or ()),
         versions=_versions(report.get("environment") or {}),
         tensor_data_sha256=dict(sorted(digests.items())),
-        tensors_without_digest=sorted(row["gguf_name"] for row in rows if not row.get("data_sha256")),
+        tensors_without_digest=sorted(row.gguf_name for row in rows if not row.data_sha256),
         quality=_quality(report), input_signatures=list(report.get("signatures") or ()), signing_keyid=keyid)
     return Statement.model_validate({"_type": STATEMENT_TYPE, "subject": _subjects(attested),
                                      "predicateType": PREDICATE_TYPE, "predicate": predicate})

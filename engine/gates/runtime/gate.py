@@ -28,6 +28,7 @@ from typing import Any, Literal
 from engine.blockers import Blocker
 from engine.controls.planted import not_applicable
 from engine.errors import CodedError, ReferenceMissingError, SourceError
+from engine.evidence import runtime_details
 from engine.formats.gguf_structure import GGUFLayout
 from engine.formats.source import SourceModel
 from engine.gates.contract import ControlInputs, GateContext, GateName, GateOutcome, Plant
@@ -154,11 +155,12 @@ def _not_run(started: float, why: str, details: dict[str, Any],
 
 def nothing_measured(details: dict[str, Any]) -> str | None:
     """Why the embeddings or logits comparison measured nothing, or None when it measured something."""
-    if "embeddings" in details and not details["embeddings"]["per_text"]:
+    figures = runtime_details(details)
+    if figures.embeddings is not None and not figures.embeddings.per_text:
         return "no text's embedding could be compared with the reference"
-    if "relevance" in details and not details["relevance"]["per_pair"]:
+    if figures.relevance is not None and not figures.relevance.per_pair:
         return "no (query, document) pair could be scored"
-    if "logits" in details and not details["logits"]["per_text"]:
+    if figures.logits is not None and not figures.logits.per_text:
         return "no logits position could be compared with the reference"
     return None
 
@@ -343,8 +345,9 @@ class RuntimeGate:
         result, blockers, context.measured = run_runtime_gate(
             context.artifact, context.layout, context.source, context.policy, submitted, request.kind,
             context.progress, storage_rows=every_row(context.part), labelled=request.labelled_set)
-        notes = [f"input kind: {gap}" for gap in result.details.get("not_covered", [])]
-        if skipped := result.details.get("skipped_texts"):
+        figures = runtime_details(result.details)
+        notes = [f"input kind: {gap}" for gap in figures.not_covered]
+        if skipped := figures.skipped_texts:
             notes.append(f"texts longer than the context, not measured: {', '.join(skipped)}")
         return GateOutcome(result=result, blockers=blockers, not_verified=notes)
 

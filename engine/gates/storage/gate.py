@@ -12,6 +12,7 @@ from pathlib import Path
 
 from engine.blockers import Blocker
 from engine.errors import SourceError
+from engine.evidence import Sampling, storage_details
 from engine.formats.artifact_files import read_artifact
 from engine.formats.gguf_structure import GGUFLayout
 from engine.formats.source import SourceModel, open_source
@@ -127,19 +128,19 @@ def run_storage_gate(
     return merge_parts([part], policy) if isinstance(part, StoragePart) else part
 
 
-def sampled_note(sample: dict) -> str:
+def sampled_note(sample: Sampling) -> str:
     """The not-verified line of a sampled gate 1: what was skipped and what the sample can promise."""
-    one = sample["detection_probability"]["1"]
-    ten = sample["detection_probability"]["10"]
-    return (f"K-quant super-blocks re-quantized on a sample: {sample['super_blocks_reproduced']} of "
-            f"{sample['super_blocks_total']} (fraction {sample['fraction']}, seed sha256 {sample['seed'][:16]}...); "
+    one = sample.detection_probability["1"]
+    ten = sample.detection_probability["10"]
+    return (f"K-quant super-blocks re-quantized on a sample: {sample.super_blocks_reproduced} of "
+            f"{sample.super_blocks_total} (fraction {sample.fraction}, seed sha256 {sample.seed[:16]}...); "
             f"a single corrupted super-block is caught with probability {one:.3g}, ten with {ten:.3g}")
 
 
 def storage_notes(storage: GateResult) -> list[str]:
     """What gate 1 declares not verified: a sampled reproduction, and the GGUF keys it does not compare."""
-    notes = [sampled_note(sample)] if (sample := storage.details.get("sampling")) else []
-    return notes + list(storage.details.get("metadata_not_verified", []))
+    figures = storage_details(storage.details)
+    return ([sampled_note(figures.sampling)] if figures.sampling else []) + figures.metadata_not_verified
 
 
 class StorageGate:
