@@ -524,3 +524,22 @@ def test_a_failed_create_pauses_launches_for_the_pause_by_the_injected_clock(clu
     clock.advance(2)
     assert dispatcher.capacity() == config.kubernetes.max_jobs_in_flight
     dispatcher.shutdown()
+
+
+def test_a_running_attempts_job_deleted_behind_our_back_is_a_failed_attempt(harness, cluster):
+    """A RUNNING verification's Job is the one of the attempt its row holds, whose pod (<job name>-<suffix>)
+    started it; gone from the cluster after it was seen, the attempt failed."""
+    loop, factory = harness
+    verification_id = new_verification(factory)
+    loop.tick()
+    first = job_name(verification_id, 1)
+    cluster.set_workload(first, ("Admitted", "Admitted"))
+    with transaction(factory) as session:
+        assert repository.start_attempt(session, verification_id, f"{first}-x7k2p", attempt=1) is not None
+    loop.tick()
+    del cluster.jobs[first]
+    loop.tick()
+    loop.tick()
+    verification, _events = state(factory, verification_id)
+    assert verification.failed_attempts == 1, verification.reason
+    assert f"its Job {first} was deleted outside convgate" in (verification.reason or "")

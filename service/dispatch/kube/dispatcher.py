@@ -171,13 +171,14 @@ class KubernetesDispatcher:
             log.warning("verification %s failed: its Job was refused %s times: %s", verification_id, count, reason)
 
     def _expected_job(self, verification: Verification) -> str | None:
-        """The Job that should exist for this verification's current attempt, if it is ours."""
+        """The Job that should exist for this verification's current attempt, if it is ours: dispatched by this
+        dispatcher, or started by a pod of that Job (`<job name>-<suffix>`; a start is fenced by the attempt the
+        row holds, so the row's number is the pod's)."""
+        ours = job_name(verification.id, verification.attempt)
         if verification.state == State.DISPATCHED and verification.worker == self.identity:
-            return job_name(verification.id, verification.attempt)  # the claim assigned the number
-        worker, prefix = verification.worker or "", f"convgate-{verification.id}-"
-        if verification.state == State.RUNNING and worker.startswith(prefix):
-            number = worker[len(prefix):].split("-", 1)[0]  # pod name: <job name>-<random suffix>
-            return job_name(verification.id, int(number)) if number.isdigit() else None
+            return ours
+        if verification.state == State.RUNNING and (verification.worker or "").startswith(f"{ours}-"):
+            return ours
         return None
 
     def _lost_jobs(self, session: Session) -> None:
