@@ -406,6 +406,13 @@ def store_bytes(path: Path) -> int:
     return int(out.split()[0]) if out else 0
 
 
+def clear_interrupted_builds(buildah: Buildah) -> None:
+    """Remove every working container in our store. Builds are serialised by the build lock, and only builds
+    make containers here, so any found under the lock was left by a build that was killed: each holds its
+    stage's whole filesystem (GBs for the worker's dependencies), and two of them once filled the disk."""
+    buildah.run("rm", "--all")
+
+
 def store() -> Buildah:
     cache = cache_root()
     return Buildah(cache, storage_driver(cache))
@@ -422,6 +429,7 @@ def build(targets: Sequence[str] = TARGETS, llama_wheels: Path | None = None,
     # dev.py, the tests' fixture and the node harness may all ask at once: one builder at a time
     with (buildah.cache / "build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        clear_interrupted_builds(buildah)
         base = build_base(buildah)
         return {target: build_image(buildah, target, base, index, llama_wheels) for target in targets}
 

@@ -273,3 +273,19 @@ def test_a_warm_build_reuses_the_images() -> None:
     assert time.monotonic() - started < 60
     assert all(image.cached for image in again.values())
     assert {target: image.image for target, image in again.items()} == {t: i.image for t, i in first.items()}
+
+
+def test_a_killed_builds_working_container_is_cleared_by_the_next_build(built: Built) -> None:
+    """A build killed mid-stage leaves its working container, the stage's whole filesystem (two of the worker's
+    once filled the disk); the next build, holding the build lock, removes it before it starts."""
+    buildah = build_images.store()
+    base = built["api"].base
+    left = subprocess.run(buildah.argv("from", base), env=buildah.env(), capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+    def containers() -> list[str]:
+        return buildah.run("containers", "--noheading", "--format", "{{.ContainerName}}").split()
+
+    assert left in containers()
+    build_images.build(["api"], **_build_options("api"))
+    assert containers() == []
