@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import cast
 
 from sqlalchemy import func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -26,15 +27,16 @@ class CallbackState(StrEnum):
 
 
 def replace_secret(session: Session, submitter: str, secret: str) -> CallbackSecret:
-    writing(session)  # read and replaced in one write transaction: two at once cannot both insert
-    row = session.get(CallbackSecret, submitter)
-    if row is None:
-        row = CallbackSecret(submitter=submitter, secret=secret, created_at=now(session))
-        session.add(row)
-    else:
-        row.secret, row.created_at = secret, now(session)
-    session.flush()
-    return row
+    """One statement that inserts or replaces: a read then an insert let two first secrets of one submitter,
+    made at once on Postgres, both find none, and the second failed the primary key (a 500)."""
+    writing(session)
+    created_at = now(session)
+    insert: postgresql.Insert | sqlite.Insert = (postgresql.insert(CallbackSecret)
+                                                  if session.get_bind().dialect.name == "postgresql"
+                                                  else sqlite.insert(CallbackSecret))
+    session.execute(insert.values(submitter=submitter, secret=secret, created_at=created_at).on_conflict_do_update(
+        index_elements=[CallbackSecret.submitter], set_={"secret": secret, "created_at": created_at}))
+    return session.get_one(CallbackSecret, submitter, populate_existing=True)
 
 
 def secret_for(session: Session, submitter: str) -> str | None:

@@ -371,3 +371,38 @@ def test_plain_http_origins_compare_without_case_or_a_trailing_slash(tmp_path):
     settings = Settings(database_url="sqlite://", cache_dir=tmp_path,
                         callback_http_origins=("HTTP://CI.Internal:8080/", "http://a:1"))
     assert http_origins(settings) == frozenset({"http://ci.internal:8080", "http://a:1"})
+
+
+@pytest.mark.parametrize("database", ["sqlite_url", "pg"])
+def test_two_first_callback_secrets_made_at_once_are_both_answered(database, request):
+    """Two `POST /v1/callback-secret` of a submitter who has none, at once: on Postgres both read "none" and
+    both inserted, and the second failed the primary key (a 500 in the 200-client burst). Each now answers;
+    the secret kept is the last one written."""
+    from service.callbacks import replace_secret
+    from service.persistence.callbacks import secret_for
+    from service.persistence.db import make_engine, session_factory
+
+    url = request.getfixturevalue(database)
+    engine = make_engine(url, busy_timeout_seconds=10)
+    factory = session_factory(engine)
+    second: dict[str, Any] = {}
+    try:
+        with transaction(factory) as first_session:
+            first, _ = replace_secret(first_session, "alice")
+
+            def at_once() -> None:
+                try:
+                    with transaction(factory) as session:
+                        second["secret"], _ = replace_secret(session, "alice")
+                except Exception as exc:  # the failure under test, reported to the test's thread
+                    second["error"] = exc
+
+            racer = threading.Thread(target=at_once)
+            racer.start()
+            racer.join(timeout=1.0)  # the second waits for the first's uncommitted row (or SQLite's lock)
+        racer.join(timeout=30)
+        assert "error" not in second, second["error"]
+        with factory() as session:
+            assert secret_for(session, "alice") == second["secret"] != first
+    finally:
+        engine.dispose()
