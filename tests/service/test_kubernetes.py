@@ -245,14 +245,22 @@ def test_cancel_deletes_the_job_in_the_background(harness, cluster):
     assert state(factory, verification_id)[0].state == State.CANCELLED
 
 
-def test_failed_job_is_retried_as_a_new_attempt_with_a_new_job(harness, cluster):
+def running_first_attempt(harness, cluster, worker: str) -> tuple[str, str]:
+    """A verification whose first attempt's Job was admitted and started by `worker` ({job}: the Job's name):
+    its id and that Job's name."""
     loop, factory = harness
     verification_id = new_verification(factory)
     loop.tick()
     first = job_name(verification_id, 1)
     cluster.set_workload(first, ("Admitted", "Admitted"))
     with transaction(factory) as session:
-        assert repository.start_attempt(session, verification_id, "pod", attempt=1) is not None
+        assert repository.start_attempt(session, verification_id, worker.format(job=first), attempt=1) is not None
+    return verification_id, first
+
+
+def test_failed_job_is_retried_as_a_new_attempt_with_a_new_job(harness, cluster):
+    loop, factory = harness
+    verification_id, first = running_first_attempt(harness, cluster, "pod")
     cluster.set_job_condition(first, "Failed", "DeadlineExceeded")
     loop.tick()
     loop.tick()
@@ -530,12 +538,7 @@ def test_a_running_attempts_job_deleted_behind_our_back_is_a_failed_attempt(harn
     """A RUNNING verification's Job is the one of the attempt its row holds, whose pod (<job name>-<suffix>)
     started it; gone from the cluster after it was seen, the attempt failed."""
     loop, factory = harness
-    verification_id = new_verification(factory)
-    loop.tick()
-    first = job_name(verification_id, 1)
-    cluster.set_workload(first, ("Admitted", "Admitted"))
-    with transaction(factory) as session:
-        assert repository.start_attempt(session, verification_id, f"{first}-x7k2p", attempt=1) is not None
+    verification_id, first = running_first_attempt(harness, cluster, "{job}-x7k2p")
     loop.tick()
     del cluster.jobs[first]
     loop.tick()
