@@ -12,12 +12,15 @@ slow client), and under load every other request waited for it."""
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psycopg
 from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.persistence.clock import CLOCK, SYSTEM_CLOCK, Clock
@@ -57,6 +60,30 @@ def _sqlite_transactions(engine: Engine, busy_timeout_seconds: float) -> None:
         connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
 
+def _replace_connections_the_server_closed(engine: Engine) -> None:
+    """A pooled Postgres connection the server ended while it sat idle (a restart, a failover,
+    pg_terminate_backend) is replaced at checkout, never handed to a request that would answer 503 with it.
+    The server's goodbye (its FATAL message, then end of file) makes an idle connection's socket readable,
+    and nothing else does while no statement is running: a poll with no wait, not SQLAlchemy's pre-ping
+    round trip, which cost ~0.15 ms of CPU on every request (scripts/bench_api.py). A peer that vanished
+    without a word is not seen here; its request fails with a 503 and the pool is recycled, as before."""
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        if _closed_by_server(getattr(dbapi_connection, "driver_connection", dbapi_connection)):
+            raise DisconnectionError("the server closed this idle connection")  # the pool opens another
+
+
+def _closed_by_server(connection: Any) -> bool:
+    """Whether psycopg's idle `connection` is closed, broken, or has bytes (the server's goodbye) waiting."""
+    if connection.closed or connection.broken:
+        return True
+    try:
+        readable, _, _ = select.select([connection.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.OperationalError):  # no socket left to poll: closed
+        return True
+    return bool(readable)
+
+
 def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS,
                 threads: int = API_THREADS) -> Engine:
     """As many kept connections as the API has threads (`threads`), on SQLite too: a request uses one
@@ -72,7 +99,9 @@ def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_S
                                **pool)
         _sqlite_transactions(engine, busy_timeout_seconds)
         return engine
-    return create_engine(url, **pool, pool_pre_ping=True)
+    engine = create_engine(url, **pool)
+    _replace_connections_the_server_closed(engine)
+    return engine
 
 
 def make_async_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS) -> AsyncEngine:
@@ -89,8 +118,10 @@ def make_async_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIM
                                      max_overflow=ASYNC_CONNECTIONS, connect_args={"timeout": busy_timeout_seconds})
         _sqlite_transactions(engine.sync_engine, busy_timeout_seconds)
         return engine
-    return create_async_engine(parsed.set(drivername="postgresql+psycopg"), pool_size=ASYNC_CONNECTIONS,
-                               max_overflow=ASYNC_CONNECTIONS, pool_pre_ping=True)
+    engine = create_async_engine(parsed.set(drivername="postgresql+psycopg"), pool_size=ASYNC_CONNECTIONS,
+                                 max_overflow=ASYNC_CONNECTIONS)
+    _replace_connections_the_server_closed(engine.sync_engine)
+    return engine
 
 
 def session_factory(engine: Engine, clock: Clock = SYSTEM_CLOCK) -> sessionmaker[Session]:
