@@ -76,18 +76,24 @@ def _size_thread_pools(torch: Any) -> None:
         torch.set_num_interop_threads(threads)
 
 
-PADDING_WASTE = 2.0  # a batch's padded positions may be at most this many times its tokens
+# The most padding a sequence may add to a batch: each padded position costs one position's compute through
+# every layer, and each batch one more read of the weights. One read of a BF16 source costs what its float32
+# compute of R/B positions costs (R FLOP/s of compute, B bytes/s of storage: at 7B on 2 cores ~180 GFLOP/s
+# against 200-400 MB/s, 450-900 positions; less where the weights sit in the page cache). A sequence padded by
+# at most this much is computed, not read again; a longer one starts its own batch.
+PADDING_POSITIONS = 256
 
 
 def length_groups(sequences: Sequence[list[int]]) -> list[list[list[int]]]:
-    """Sequences longest first, cut into batches whose padded size stays within PADDING_WASTE times their
-    tokens: a long text beside short ones would otherwise pad every one of them to its length (the default
-    texts beside an 8,192-token one: 9 x 8,192 positions of activations for 8,900 tokens). Each batch is one
-    more read of a streamed model's weights, so texts of similar lengths share one."""
+    """Sequences longest first, cut into batches in which no sequence is padded by more than
+    PADDING_POSITIONS. A long text beside short ones would otherwise pad every one of them to its length
+    (the near-context-limit text of 2,031 tokens beside a 75-token one doubled the reference's compute for
+    it), and a padding bound relative to the tokens split the short texts into three reads of the weights
+    where padding them to the longest costs a few dozen positions. Each batch is one more read of a
+    streamed model's weights, so texts of similar lengths share one."""
     groups: list[list[list[int]]] = []
     for sequence in sorted(sequences, key=len, reverse=True):
-        if groups and len(groups[-1][0]) * (len(groups[-1]) + 1) <= PADDING_WASTE * (
-                sum(map(len, groups[-1])) + len(sequence)):
+        if groups and len(groups[-1][0]) - len(sequence) <= PADDING_POSITIONS:
             groups[-1].append(sequence)
         else:
             groups.append([sequence])
