@@ -78,10 +78,12 @@ def _closed_by_server(connection: Any) -> bool:
     if connection.closed or connection.broken:
         return True
     try:
-        readable, _, _ = select.select([connection.pgconn.socket], [], [], 0)
-    except (OSError, ValueError, psycopg.OperationalError):  # no socket left to poll: closed
+        descriptor = connection.pgconn.socket
+    except psycopg.OperationalError:  # no socket left to poll: closed
         return True
-    return bool(readable)
+    poller = select.poll()  # not select(): a busy server's connections sit on descriptors past its 1024
+    poller.register(descriptor, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))  # readable, or hung up or in error (reported whatever was asked)
 
 
 def make_engine(url: str, *, busy_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS,

@@ -5,6 +5,8 @@ Postgres ends the real server's real backends here; nothing is faked."""
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import psycopg
 from sqlalchemy import make_url
@@ -45,3 +47,20 @@ def test_connections_the_database_ended_while_idle_are_replaced_not_answered_wit
         assert answers[-1] == 202
     finally:
         next(server_gen, None)
+
+
+def test_a_connection_whose_descriptor_is_past_1024_is_taken_from_the_pool_not_refused(pg, tmp_path):
+    """A server holding many sockets (slow clients, open streams) opens its database connections on
+    descriptors past select()'s limit of 1024: the check at checkout must still see them as alive."""
+    admin = add_token(pg, Role.ADMIN)
+    taken = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the pools' connections come after these
+    server_gen = start_server(settings_for(pg, tmp_path))
+    server = next(server_gen)
+    try:
+        with httpx.Client(base_url=server.url, headers=server.headers(admin), timeout=30) as client:
+            answers = [client.get(route).status_code for route in ROUTES for _ in range(2)]
+        assert 503 not in answers, answers
+    finally:
+        next(server_gen, None)
+        for descriptor in taken:
+            os.close(descriptor)
