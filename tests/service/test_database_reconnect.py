@@ -18,10 +18,12 @@ ROUTES = ("/v1/verifications?limit=5", "/v1/queue", "/v1/verifications/00000000-
 
 
 def _end_every_session_of(url: str) -> int:
-    """Terminate every backend connected to `url`'s database (the server's pools'), as a restart does."""
+    """Terminate every backend connected to `url`'s database (the server's pools'), as a restart does, and
+    wait until each has exited (pg_terminate_backend only signals it unless given a timeout): a connection
+    taken while its backend is still going away is the race any check at checkout has, not what is tested."""
     name = make_url(url).database
     with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        ended = admin.execute("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        ended = admin.execute("SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                               "WHERE datname = %s AND pid <> pg_backend_pid()) AS ended", (name,)).fetchone()
     return ended[0] if ended else 0
 
