@@ -28,27 +28,24 @@ def _end_every_session_of(url: str) -> int:
     return ended[0] if ended else 0
 
 
+def _submission(digit: str, sha: str) -> dict[str, str]:
+    return {"source_uri": "hf://org/src@" + digit * 40, "artifact_uri": "hf://org/m@" + digit * 40 + "/m.gguf",
+            "artifact_sha256": sha * 64}
+
+
 def test_connections_the_database_ended_while_idle_are_replaced_not_answered_with_503(pg, tmp_path):
     admin = add_token(pg, Role.ADMIN)
-    server_gen = start_server(settings_for(pg, tmp_path))
-    server = next(server_gen)
-    try:
+    for server in start_server(settings_for(pg, tmp_path)):
         with httpx.Client(base_url=server.url, headers=server.headers(admin), timeout=30) as client:
-            submitted = client.post("/v1/verifications", json={
-                "source_uri": "hf://org/src@" + "0" * 40, "artifact_uri": "hf://org/m@" + "0" * 40 + "/m.gguf",
-                "artifact_sha256": "e" * 64})
+            submitted = client.post("/v1/verifications", json=_submission("0", "e"))
             assert submitted.status_code == 202, submitted.text
             for route in ROUTES:  # both pools (the event loop's and the threads') hold connections now
                 assert client.get(route).status_code in (200, 404)
             assert _end_every_session_of(pg) >= 2
             answers = [client.get(route).status_code for route in ROUTES for _ in range(3)]
-            answers.append(client.post("/v1/verifications", json={
-                "source_uri": "hf://org/src@" + "1" * 40, "artifact_uri": "hf://org/m@" + "1" * 40 + "/m.gguf",
-                "artifact_sha256": "f" * 64}).status_code)
+            answers.append(client.post("/v1/verifications", json=_submission("1", "f")).status_code)
         assert 503 not in answers, answers
         assert answers[-1] == 202
-    finally:
-        next(server_gen, None)
 
 
 def test_a_connection_whose_descriptor_is_past_1024_is_taken_from_the_pool_not_refused(pg, tmp_path):
@@ -56,13 +53,11 @@ def test_a_connection_whose_descriptor_is_past_1024_is_taken_from_the_pool_not_r
     descriptors past select()'s limit of 1024: the check at checkout must still see them as alive."""
     admin = add_token(pg, Role.ADMIN)
     taken = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the pools' connections come after these
-    server_gen = start_server(settings_for(pg, tmp_path))
-    server = next(server_gen)
     try:
-        with httpx.Client(base_url=server.url, headers=server.headers(admin), timeout=30) as client:
-            answers = [client.get(route).status_code for route in ROUTES for _ in range(2)]
-        assert 503 not in answers, answers
+        for server in start_server(settings_for(pg, tmp_path)):
+            with httpx.Client(base_url=server.url, headers=server.headers(admin), timeout=30) as client:
+                answers = [client.get(route).status_code for route in ROUTES for _ in range(2)]
+            assert 503 not in answers, answers
     finally:
-        next(server_gen, None)
         for descriptor in taken:
             os.close(descriptor)
