@@ -2,11 +2,17 @@
 /ui/login` looked its token up on the event loop, so one SQLite write lock held elsewhere (the dispatch
 loop, a writer in another process) stopped every request, `/healthz` included, for the busy timeout
 of each login in turn. These tests run the real server (uvicorn in a thread), hold the database's write
-lock from another connection and measure the loop's lag with a probe scheduled on the server's own loop."""
+lock from another connection and measure the loop's lag with a probe scheduled on the server's own loop.
+
+The server shares its process with the test session, whose heap grows with every test before this one: a
+full garbage collection of it stops every thread, the loop included, for most of a second late in the
+suite. The live server therefore freezes that heap (`gc.freeze`) while it runs, so the probe measures the
+server and not the suite's heap."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import threading
 import time
@@ -68,9 +74,12 @@ class Server:
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.05)
         httpx.get(f"{self.url}/healthz")  # lets the wrapper capture the loop
+        gc.collect()
+        gc.freeze()
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        gc.unfreeze()
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
