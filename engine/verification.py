@@ -5,6 +5,10 @@ hands over paths and the (redacted) URI the report names the artifact by. Order 
 digest, validate structure with our own parser and open the source strictly, and only then let gates
 (and so gguf-py, llama.cpp, transformers) near the files. A requested gate that cannot run is a
 blocker, so GO never claims more than was run.
+
+The source's digests are the one thing taken beside a gate: they decide nothing the gates may read, so
+they are computed on a thread while the first gate reads the same files (`TreeDigest`), and recorded,
+with the signatures checked against them, before any gate's outcome is.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.acceptance import accept_unreproduced
 from engine.blockers import Blocker
 from engine.controls.run import ControlInputs, run_controls, undetected
-from engine.digests import digest_file, digest_tree, sha256_file
+from engine.digests import TreeDigest, digest_file, sha256_file
 from engine.errors import ConvgateError
 from engine.formats.artifact_files import artifact_paths, sibling_uri
+from engine.formats.gguf_structure import GGUFLayout
+from engine.formats.source import SourceModel
 from engine.gates import registry
 from engine.gates.contract import GateContext, GateOutcome
 from engine.gates.storage.gate import open_source_or_blocker, storage_notes, validate_structure
@@ -128,25 +135,62 @@ def unfetched(request: VerifyRequest, policy: Policy, blocker: Blocker) -> Repor
     return run.report(policy)
 
 
-def _load_imatrix(run: _Run, request: VerifyRequest, inputs: LocalInputs) -> ImportanceMatrix | Blocker | None:
-    """Digest first (recorded in `files`, so a refused matrix is named too), then the expected digest, and
-    only then our bounded reader."""
+@dataclass(frozen=True)
+class _Refusal:
+    """What stops a verification before any gate, and why (every gate is then "not run")."""
+
+    blockers: tuple[Blocker, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What the gates need besides the digests, read before them: the importance matrix (its digest too, so
+    a refused one is named), and the structure and source our own parsers accepted, or what refused them."""
+
+    imatrix_file: FileDigest | None
+    imatrix: ImportanceMatrix | None
+    opened: tuple[GGUFLayout, SourceModel] | _Refusal
+
+
+def _prepare(request: VerifyRequest, inputs: LocalInputs) -> _Prepared:
+    """The importance matrix's expected digest checked before our bounded reader reads it; then the artifact's
+    structure and the source, each by our own strict parser, before gguf-py, llama.cpp or transformers."""
+    imatrix_file, imatrix = _read_imatrix(request, inputs)
+    if isinstance(imatrix, Blocker):
+        return _Prepared(imatrix_file, None, _Refusal((imatrix,), "the importance matrix was refused"))
+    layout = validate_structure(inputs.artifact)
+    if isinstance(layout, tuple):
+        return _Prepared(imatrix_file, imatrix, _Refusal(layout, "the artifact is not a well-formed GGUF"))
+    source = open_source_or_blocker(inputs.source)
+    if isinstance(source, Blocker):
+        return _Prepared(imatrix_file, imatrix, _Refusal((source,), "the source model was refused"))
+    return _Prepared(imatrix_file, imatrix, (layout, source))
+
+
+def _read_imatrix(request: VerifyRequest, inputs: LocalInputs) -> tuple[FileDigest | None,
+                                                                        ImportanceMatrix | Blocker | None]:
     if inputs.imatrix is None:
-        return None
+        return None, None
     if not inputs.imatrix.is_file():
-        return Blocker(code="imatrix.unavailable", gate="input", why=f"{inputs.imatrix} is not a readable file")
-    run.imatrix = digest_file(inputs.imatrix, inputs.imatrix_uri)
-    run.files.append(run.imatrix)
+        return None, Blocker(code="imatrix.unavailable", gate="input", why=f"{inputs.imatrix} is not a readable file")
+    digest = digest_file(inputs.imatrix, inputs.imatrix_uri)
     expected = request.imatrix_sha256
-    if expected is not None and expected.lower() != run.imatrix.sha256:
-        return Blocker(code="imatrix.sha256_mismatch", gate="input",
-                       why=f"importance matrix sha256 is {run.imatrix.sha256}, expected {expected}; not used")
+    if expected is not None and expected.lower() != digest.sha256:
+        return digest, Blocker(code="imatrix.sha256_mismatch", gate="input",
+                               why=f"importance matrix sha256 is {digest.sha256}, expected {expected}; not used")
     try:
-        matrix = read_imatrix(inputs.imatrix)
+        return digest, read_imatrix(inputs.imatrix)
     except ImatrixError as exc:
-        return Blocker(code=exc.code, gate="input", why=exc.why)
-    run.not_verified.append(IMATRIX_TAKEN_AS_GIVEN)
-    return matrix
+        return digest, Blocker(code=exc.code, gate="input", why=exc.why)
+
+
+def _record_imatrix(run: _Run, prepared: _Prepared) -> None:
+    if prepared.imatrix_file is not None:
+        run.imatrix = prepared.imatrix_file
+        run.files.append(prepared.imatrix_file)
+    if prepared.imatrix is not None:
+        run.not_verified.append(IMATRIX_TAKEN_AS_GIVEN)
 
 
 def _shifted(progress: Progress, before: int, total: int) -> Callable[[int, int], None]:
@@ -201,42 +245,52 @@ def verify_shard(request: VerifyRequest, inputs: LocalInputs, policy: Policy, pr
     if not artifact.is_file():
         return unfetched(request, policy, Blocker(code="artifact.unreadable", gate="input",
                                                   why=f"{inputs.artifact_name} is not a readable file")), None
+    tree = TreeDigest(source_dir, inputs.source_name)
+    try:
+        return _verify_digested(run, inputs, policy, progress, tree, (shard, shards))
+    finally:
+        tree.stop()
+
+
+def _verify_digested(run: _Run, inputs: LocalInputs, policy: Policy, progress: Progress, tree: TreeDigest,
+                     placement: tuple[int, int]) -> tuple[Report, StoragePart | None]:
+    """verify_shard once the source's digest has started: the artifact's digest checked first, the first
+    gate run while the source is digested, and everything recorded in the order a sequential run records
+    it (digests, signatures, the importance matrix, structure, source, gates)."""
+    request, artifact, (shard, shards) = run.request, inputs.artifact, placement
     digests = _digest_shards(artifact, inputs.artifact_name, progress)
     pieces = list(digests.values())  # the artifact's files: one, or every shard of a split
     run.artifact = pieces[0]
-    sha = run.artifact.sha256
-    run.files = [*pieces, *digest_tree(source_dir, inputs.source_name)]
     run.timings["fetch_and_digest"] = time.perf_counter() - run.started
     if mismatched := _digest_mismatches(request, len(artifact_paths(artifact)), digests):
+        run.files = [*pieces, *tree.result()]
         run.stop_all(mismatched, "artifact digest mismatch")
         return run.report(policy), None
+    prepared = _prepare(request, inputs)
+    gates = [gate for gate in registry.requested(request.gates) if shard == 0 or gate.every_shard]
+    context: GateContext | _Refusal = prepared.opened if isinstance(prepared.opened, _Refusal) else GateContext(
+        request=request, inputs=inputs, policy=policy, progress=progress, pieces=pieces, layout=prepared.opened[0],
+        source=prepared.opened[1], imatrix=prepared.imatrix, imatrix_file=prepared.imatrix_file, shard=shard,
+        shards=shards)
+    first = gates[0].run(context) if gates and isinstance(context, GateContext) else None
+    waited = time.perf_counter()
+    run.files = [*pieces, *tree.result()]
+    run.timings["fetch_and_digest"] += time.perf_counter() - waited
     run.check_signatures(inputs, policy, len(pieces))
-    imatrix = _load_imatrix(run, request, inputs)
-    if isinstance(imatrix, Blocker):
-        run.stop_all(imatrix, "the importance matrix was refused")
+    _record_imatrix(run, prepared)
+    if isinstance(context, _Refusal):
+        run.stop_all(context.blockers, context.why)
         return run.report(policy), None
-    layout = validate_structure(artifact)
-    if isinstance(layout, tuple):
-        run.stop_all(layout, "the artifact is not a well-formed GGUF")
-        return run.report(policy), None
-    source = open_source_or_blocker(source_dir)
-    if isinstance(source, Blocker):
-        run.stop_all(source, "the source model was refused")
-        return run.report(policy), None
-    context = GateContext(request=request, inputs=inputs, policy=policy, progress=progress, pieces=pieces,
-                          layout=layout, source=source, imatrix=imatrix, imatrix_file=run.imatrix, shard=shard,
-                          shards=shards)
-    for gate in registry.requested(request.gates):
-        if shard == 0 or gate.every_shard:
-            run.record(gate.run(context), len(pieces))
-    part = context.part
+    for number, gate in enumerate(gates):
+        run.record(first if number == 0 and first is not None else gate.run(context), len(pieces))
     if shard != 0:
-        return run.report(policy), part
-    ran = {name for name, gate in run.gates.items() if gate.status != "not_run"} | ({"storage"} if part else set())
-    run.check_controls(ControlInputs(artifact=artifact, artifact_sha256=sha, layout=layout, source=source,
-                                     policy=policy, imatrix=imatrix, runtime=context.measured,
-                                     gates_run=frozenset(ran)))
-    return run.report(policy), part
+        return run.report(policy), context.part
+    ran = {name for name, gate in run.gates.items() if gate.status != "not_run"} | (
+        {"storage"} if context.part else set())
+    run.check_controls(ControlInputs(artifact=artifact, artifact_sha256=run.artifact.sha256, layout=context.layout,
+                                     source=context.source, policy=policy, imatrix=context.imatrix,
+                                     runtime=context.measured, gates_run=frozenset(ran)))
+    return run.report(policy), context.part
 
 
 def merge_shards(head: Report, parts: list[StoragePart], policy: Policy) -> Report:

@@ -125,7 +125,22 @@ class ShardedBytes:
         mapped[offset] = value
 
 
+    def file_range(self, position: int) -> tuple[str, int]:
+        """The shard file holding byte `position` of the artifact, and the byte's offset in it."""
+        mapped, offset = self._locate(position)
+        return str(mapped.filename), offset
+
+
 ArtifactBytes = np.ndarray | ShardedBytes
+
+
+def file_range(file_bytes: ArtifactBytes, position: int) -> tuple[str, int] | None:
+    """Which file (and where in it) holds byte `position` of the artifact; None for bytes no file backs."""
+    if isinstance(file_bytes, ShardedBytes):
+        return file_bytes.file_range(position)
+    if isinstance(file_bytes, np.memmap) and file_bytes.filename is not None:
+        return str(file_bytes.filename), file_bytes.offset + position
+    return None
 
 
 def artifact_bytes(first: Path, mode: Literal["r", "c"] = "r") -> ArtifactBytes:

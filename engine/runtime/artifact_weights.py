@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.formats.artifact_files import ArtifactBytes, artifact_bytes
+from engine.formats.artifact_files import ArtifactBytes, artifact_bytes, file_range
 from engine.formats.gguf_structure import GGUFLayout, TensorInfo
 from engine.gates.architectures import RowTransform
 from engine.gates.architectures.derived import DerivedTensor
@@ -30,6 +30,7 @@ from engine.gates.computed_tensors import ComputedTensor
 from engine.gates.inventory import Pairing
 from engine.quant import reference
 from engine.runtime.checkpoints import SafetensorsCheckpoint
+from engine.runtime.read_ahead import READ_AHEAD
 
 
 def stored_values(file_bytes: ArtifactBytes, info: TensorInfo) -> np.ndarray:
@@ -110,6 +111,15 @@ class ArtifactCheckpoint:
         if isinstance(pair.source, DerivedTensor) or pair.transform is not None:
             return torch.from_numpy(np.ascontiguousarray(self._undone(pair)[key][np.asarray(rows)]))
         return torch.from_numpy(stored_rows(self.file_bytes, self.layout.tensor(pair.gguf_name), rows))
+
+    def prefetch(self, keys: Sequence[str]) -> None:
+        own = [key for key in keys if key not in self.by_key]
+        if own:
+            self.source.prefetch(own)
+        for name in dict.fromkeys(self.by_key[key].gguf_name for key in keys if key in self.by_key):
+            info = self.layout.tensor(name)
+            if (where := file_range(self.file_bytes, info.offset)) is not None:
+                READ_AHEAD.ask(where[0], where[1], info.nbytes)
 
     def read(self, keys: Sequence[str]) -> dict[str, Any]:
         """The keys' tensors; a GGUF tensor that stands for several keys is dequantized once per read."""

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.formats.json_input import parse_json
+from engine.formats.safetensors_strict import SafeTensorEntry, read_safetensors
+from engine.runtime.read_ahead import READ_AHEAD
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -29,6 +31,11 @@ class Checkpoint(Protocol):
     def read_rows(self, key: str, rows: Sequence[int]) -> Any:
         """Rows `rows` (ascending, distinct) of a 2-D floating point tensor, as float32: exactly those rows
         of `read([key])[key]`, without reading the others."""
+        ...
+
+    def prefetch(self, keys: Sequence[str]) -> None:
+        """A hint that `keys` are read next: their bytes start coming into the page cache now, and the call
+        returns at once (`engine/runtime/read_ahead.py`)."""
         ...
 
 
@@ -60,6 +67,7 @@ class SafetensorsCheckpoint:
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
+        self._entries: dict[Path, dict[str, SafeTensorEntry]] = {}  # each file's header, parsed on first prefetch
 
     def names(self) -> list[str]:
         return list(self.files)
@@ -92,6 +100,15 @@ class SafetensorsCheckpoint:
             stored = handle.get_slice(key)
             parts = [stored[start:stop] for start, stop in runs(rows)]  # one read per run of adjacent rows
         return torch.cat(parts).to(torch.float32)
+
+
+    def prefetch(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            path = self.files[key]
+            if path not in self._entries:
+                self._entries[path] = dict(read_safetensors(path).entries)
+            entry = self._entries[path][key]
+            READ_AHEAD.ask(str(path), entry.start, entry.nbytes)
 
 
 def runs(rows: Sequence[int]) -> list[tuple[int, int]]:

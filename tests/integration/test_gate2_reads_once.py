@@ -9,13 +9,17 @@ forced to 0) and must still be GO: batching must not move the reference's number
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.runtime import streamed_model as streamed_module
+from engine.runtime.artifact_weights import ArtifactCheckpoint
+from engine.runtime.checkpoints import SafetensorsCheckpoint
 from tests.conftest import SUITE_POLICY, run_gates
 
 pytestmark = pytest.mark.slow
@@ -70,3 +74,37 @@ def test_eight_texts_read_each_weight_as_often_as_one(fixture: str, artifact: st
     assert groups_eight <= groups_one + 1
     assert [n * groups_one for n in eights] == [n * groups_eight for n in once]  # every weight alike, same keys
     assert max(once) <= (4 if fixture == "smollm2" else 2)
+
+
+def test_a_streamed_reference_asks_for_each_weight_before_its_module_runs(monkeypatch: pytest.MonkeyPatch,
+                                                                           smollm2: Path) -> None:
+    """The read-ahead (engine/runtime/read_ahead.py): the bytes of every module a streamed reference reads
+    were named to the kernel before the module's own read, so a cold page cache is read while the previous
+    modules compute. Counted in bytes: a module whose predecessor in registration order runs after it (a
+    decoder layer's input norm, a few KiB) may be asked for late."""
+    asked: set[str] = set()
+    early = late = 0
+    load = streamed_module.Loading.load
+
+    def asking(prefetch: Callable[[Any, Sequence[str]], None]) -> Callable[[Any, Sequence[str]], None]:
+        def ask(self: Any, keys: Sequence[str]) -> None:
+            asked.update(keys)
+            prefetch(self, keys)
+        return ask
+
+    def loading(self: streamed_module.Loading, keys: Sequence[str]) -> set[str]:
+        nonlocal early, late
+        for key in keys:
+            size = math.prod(self.checkpoint.shape(key))
+            early, late = (early + size, late) if key in asked else (early, late + size)
+        asked.difference_update(keys)
+        return load(self, keys)
+
+    monkeypatch.setattr(streamed_module, "RESIDENT_BYTES", 0)
+    for checkpoint in (ArtifactCheckpoint, SafetensorsCheckpoint):  # the artifact's weights, the source's
+        monkeypatch.setattr(checkpoint, "prefetch", asking(checkpoint.prefetch))
+    monkeypatch.setattr(streamed_module.Loading, "load", loading)
+    report = run_gates(smollm2 / "source", smollm2 / "smollm2-BF16.gguf", {2},
+                       SUITE_POLICY.model_copy(update={"long_context_tokens": 256}), texts=EIGHT[:2])
+    assert report.verdict == "GO", report.blockers
+    assert early > 0 and late <= early / 100, (early, late)

@@ -12,6 +12,7 @@ from engine.formats.artifact_files import (
     ShardedBytes,
     artifact_bytes,
     artifact_paths,
+    file_range,
     other_shards_in,
     sibling_uri,
     split_shard_uris,
@@ -68,3 +69,16 @@ def test_the_shards_bytes_are_one_space_and_no_read_spans_two(tmp_path: Path) ->
     single = tmp_path / "plain.gguf"
     single.write_bytes(b"abc")
     assert isinstance(artifact_bytes(single), np.memmap)
+
+
+def test_a_byte_of_the_artifact_is_found_in_its_file_for_the_read_ahead(tmp_path: Path) -> None:
+    paths = [tmp_path / f"m-0000{n}-of-00002.gguf" for n in (1, 2)]
+    paths[0].write_bytes(bytes(10))
+    paths[1].write_bytes(bytes(6))
+    split = artifact_bytes(paths[0])
+    assert file_range(split, 0) == (str(paths[0]), 0) and file_range(split, 9) == (str(paths[0]), 9)
+    assert file_range(split, 10) == (str(paths[1]), 0) and file_range(split, 15) == (str(paths[1]), 5)
+    single = tmp_path / "plain.gguf"
+    single.write_bytes(bytes(6))
+    assert file_range(artifact_bytes(single), 4) == (str(single), 4)
+    assert file_range(np.zeros(8, dtype=np.uint8), 4) is None  # bytes in memory: nothing to read ahead
