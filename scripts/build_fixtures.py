@@ -35,6 +35,7 @@ from fixture_tools import (
     quantize,
     sentence_transformers_modules,
 )
+from fixtures_bf16_source import build_bf16_source
 from fixtures_configs import build_configs_v4
 from fixtures_decoders import build_decoders
 from fixtures_encoders import BUILDERS as ENCODER_BUILDERS
@@ -152,6 +153,7 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "tools": build_tools,
     "minilm": build_minilm, "smollm2": build_smollm, "gemma3": build_gemma3,
     "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
+    "bf16-source": build_bf16_source,  # after tiny-llama, whose source it casts
     "configs-v4": build_configs_v4,  # after the decoders and modernbert, whose built configs it reads
 }
 
@@ -161,7 +163,8 @@ SHARED = {"downloads", ".stamps"}
 
 
 # builders that convert another builder's output: they are rebuilt when it is
-DEPENDS_ON = {"imatrix": ("tiny-llama",), "configs-v4": ("decoders", "arch-modernbert")}
+DEPENDS_ON = {"imatrix": ("tiny-llama",), "bf16-source": ("tiny-llama",),
+              "configs-v4": ("decoders", "arch-modernbert")}
 
 
 def builder_key(name: str) -> str:

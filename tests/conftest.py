@@ -92,6 +92,13 @@ def tiny_llama() -> Path:
 
 
 @pytest.fixture(scope="session")
+def bf16_source() -> Path:
+    """source/ (tiny-llama's weights as BF16) and F16.gguf, whose values below F16's normal range are rounded
+    (scripts/fixtures_bf16_source.py)."""
+    return built("bf16-source", "F16.gguf")
+
+
+@pytest.fixture(scope="session")
 def imatrix_fixture() -> Path:
     """imatrix-{english,numbers}.{gguf,dat} and tiny-llama-<Q4_K_M|IQ4_XS|IQ2_XXS>-imat.gguf quantized
     with the english one (scripts/fixtures_imatrix.py); the source is tiny-llama's."""
