@@ -14,6 +14,10 @@ The projection to 70B scales each measure by the parameter count (10.4x), the sl
 Usage: python scripts/bench_7b.py [--workdir DIR]       (~80 GB of disk at its peak is not needed: the F16 is
                                                            deleted once quantized; ~32 GB)
        python scripts/bench_7b.py --smoke               (a 2-layer, 256-wide model: the suite's check)
+       python scripts/bench_7b.py --layers 16 --verify F16 --memory-limit 12G
+                                                        (half the layers, in a memory cgroup whose page cache
+                                                         cannot hold the source and the F16 together, as 24 GiB
+                                                         cannot hold the 7B pair's 27 GB)
 """
 
 from __future__ import annotations
@@ -117,13 +121,33 @@ def timed(label: str, work) -> tuple[float, object]:  # type: ignore[no-untyped-
     return seconds, result
 
 
-def verify(source: Path, artifact: Path, shard_sha256: list[str]) -> dict:
-    """One full verification in a fresh process, measured from outside."""
+def memory_cgroup(limit: str) -> Path:
+    """A memory cgroup capped at `limit` (e.g. 12G), as a pod's limit caps it: the page cache the verification
+    fills counts against it, so a model larger than the limit is read from the disk as in such a pod. cgroup v2
+    (memory.max) or v1 (memory.limit_in_bytes); needs the right to create one (root, a privileged container)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    size = int(float(limit[:-1]) * units[limit[-1].upper()]) if limit[-1].upper() in units else int(limit)
+    v1 = Path("/sys/fs/cgroup/memory")
+    group = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / f"convgate-bench-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    (group / ("memory.limit_in_bytes" if v1.is_dir() else "memory.max")).write_text(str(size))
+    return group
+
+
+def verify(source: Path, artifact: Path, shard_sha256: list[str], group: Path | None = None) -> dict:
+    """One full verification in a fresh process (in `group`, a memory cgroup, when given), measured from
+    outside."""
     dropped = drop_page_cache()
     argv = [sys.executable, "-m", "service", "verify", "--source", str(source), "--artifact", str(artifact),
             "--gates", "1,2,3", "--texts", str(TEXTS), "--json", *(f"--shard-sha256={s}" for s in shard_sha256)]
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def enter_group() -> None:
+        if group is not None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               preexec_fn=enter_group)  # noqa: PLW1509 -- a write of this pid, no threads
     sampler = Sampler(process.pid)
     out = process.stdout.read() if process.stdout else ""
     code = process.wait()
@@ -141,10 +165,16 @@ def verify(source: Path, artifact: Path, shard_sha256: list[str]) -> dict:
     for step, end in bounds.items():
         gates[step] = {"seconds": timings.get(step, 0.0), "read_gb": (sampler.read_by(end) - before) / 1e9}
         before = sampler.read_by(end)
-    return {"artifact": artifact.name, "verdict": report["verdict"],
+    return {"artifact": artifact.name, "verdict": report["verdict"], "passes": passes(report),
             "blockers": [b["code"] for b in report["blockers"]], "wall_s": wall, "rss_gib": sampler.rss / 2**20,
             "anon_gib": sampler.anon / 2**20,
             "read_gb": sum(sampler.read.values()) / 1e9, "gates": gates, "cache_dropped": dropped}
+
+
+def passes(report: dict) -> int | None:
+    """Gate 2's reference passes (one where gate 1 proved the weights equal)."""
+    runtime = report.get("gates", {}).get("runtime", {}).get("details", {})
+    return runtime.get("reference", {}).get("passes")
 
 
 def report(params: int, source_gb: float, made: dict[str, float], runs: list[dict]) -> None:
@@ -163,10 +193,11 @@ def report(params: int, source_gb: float, made: dict[str, float], runs: list[dic
               f"{g['runtime']['read_gb']:>9.1f}")
     print("(read GB: bytes the verification's process tree read from storage, page cache dropped first: "
           f"{all(run['cache_dropped'] for run in runs)}; g2 read: during gate 2, by the report's timings)")
+    print("gate 2's reference passes: " + ", ".join(f"{run['artifact']} {run['passes']}" for run in runs))
     for run in runs:  # random weights: a NO-GO's blockers say whether correctness or a trained-model budget spoke
         if run["blockers"]:
             print(f"  {run['artifact']} blockers: {', '.join(sorted(set(run['blockers'])))}")
-    conversion = {"F16": made["convert F16"], "Q4_K_M": made["convert F16"] + made["quantize Q4_K_M"]}
+    conversion = {"F16": made["convert F16"], "Q4_K_M": made["convert F16"] + made.get("quantize Q4_K_M", 0.0)}
     conversion["split"] = conversion["Q4_K_M"] + made.get("split Q4_K_M", 0.0)
     print("\nverification wall / making the file:")
     for run in runs:
@@ -181,10 +212,7 @@ def report(params: int, source_gb: float, made: dict[str, float], runs: list[dic
               f"measured {run['anon_gib']:.1f} GiB here")
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["--build"]:
-        print(build_source(Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])))
-        return
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--fixtures", type=Path, default=REPO / ".fixtures")
@@ -193,8 +221,18 @@ def main() -> None:
                         help="which artifacts to verify (all are made): F16, Q4_K_M, split")
     parser.add_argument("--low-disk", action="store_true",
                         help="delete the source while quantizing and build it again (peak: source + F16)")
+    parser.add_argument("--layers", type=int, default=None, help="Llama-2-7B's shapes with this many layers")
+    parser.add_argument("--memory-limit", default=None,
+                        help="run each verification in a memory cgroup of this size (e.g. 12G), page cache included")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--build"]:
+        print(build_source(Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])))
+        return
+    args = parse_args()
     chosen = set(args.verify.split(","))
     from fixture_tools import convert, llama_cpp_tree, quantize
 
@@ -202,9 +240,14 @@ def main() -> None:
     from tests.gguf_split_writer import resplit
 
     shapes = SMOKE if args.smoke else LLAMA2_7B
+    if args.layers:
+        shapes = shapes | {"num_hidden_layers": args.layers}
+    group = memory_cgroup(args.memory_limit) if args.memory_limit else None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="convgate-7b-"))
     workdir.mkdir(parents=True, exist_ok=True)
     source = workdir / ("llama-smoke" if args.smoke else "llama2-7b-shaped")
+    if args.layers:
+        source = source.with_name(f"{source.name}-{args.layers}-layers")
     made: dict[str, float] = {}
     runs = []
     try:
@@ -215,27 +258,31 @@ def main() -> None:
 
         made["build the BF16 source"], params = timed("build the BF16 source", build)
         tree = llama_cpp_tree(args.fixtures)
+        (workdir / f"{source.name}-F16.gguf").unlink(missing_ok=True)  # a kept one would not be timed
         made["convert F16"], f16 = timed("convert F16", lambda: convert(tree, source, "f16",
                                                                           workdir / f"{source.name}-F16.gguf"))
         if "F16" in chosen:
-            runs.append(verify(source, Path(str(f16)), []))
+            runs.append(verify(source, Path(str(f16)), [], group))
         source_gb = sum(path.stat().st_size for path in source.glob("*.safetensors")) / 1e9
-        if args.low_disk:  # the seeded source is made again, identical, once the F16 is gone
-            shutil.rmtree(source)
-        made["quantize Q4_K_M"], q4 = timed("quantize Q4_K_M", lambda: quantize(
-            Path(str(f16)), "Q4_K_M", workdir / f"{source.name}-Q4_K_M.gguf"))
-        Path(str(f16)).unlink()  # the disk: BF16 source, F16 and Q4_K_M at once is the peak
-        if not source.exists():
-            timed("build the BF16 source again", build)
-        if "Q4_K_M" in chosen:
-            runs.append(verify(source, Path(str(q4)), []))
-        (workdir / "split").mkdir(exist_ok=True)
-        made["split Q4_K_M"], shards = timed("split Q4_K_M in 3", lambda: resplit(
-            Path(str(q4)), workdir / "split" / f"{source.name}-Q4_K_M.gguf", 3))
-        shard_list = list(shards)  # type: ignore[call-overload]
-        if "split" in chosen:
-            runs.append(verify(source, shard_list[0], [sha256_file(shard) for shard in shard_list]))
+        if chosen & {"Q4_K_M", "split"}:
+            if args.low_disk:  # the seeded source is made again, identical, once the F16 is gone
+                shutil.rmtree(source)
+            made["quantize Q4_K_M"], q4 = timed("quantize Q4_K_M", lambda: quantize(
+                Path(str(f16)), "Q4_K_M", workdir / f"{source.name}-Q4_K_M.gguf"))
+            Path(str(f16)).unlink()  # the disk: BF16 source, F16 and Q4_K_M at once is the peak
+            if not source.exists():
+                timed("build the BF16 source again", build)
+            if "Q4_K_M" in chosen:
+                runs.append(verify(source, Path(str(q4)), [], group))
+            (workdir / "split").mkdir(exist_ok=True)
+            made["split Q4_K_M"], shards = timed("split Q4_K_M in 3", lambda: resplit(
+                Path(str(q4)), workdir / "split" / f"{source.name}-Q4_K_M.gguf", 3))
+            shard_list = list(shards)  # type: ignore[call-overload]
+            if "split" in chosen:
+                runs.append(verify(source, shard_list[0], [sha256_file(shard) for shard in shard_list], group))
     finally:
+        if group is not None:
+            group.rmdir()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
