@@ -7,13 +7,16 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.errors import ConvgateError
 from engine.report import FileDigest
 
 CHUNK_BYTES = 4 << 20
 
 
-class DigestStoppedError(Exception):
+class DigestStoppedError(ConvgateError):
     """A background digest was told to stop (its verification ended first); nobody reads its result."""
+
+    code = "engine.digest_stopped"
 
 
 def sha256_file(path: Path, progress: Callable[[int, int], None] | None = None,
