@@ -281,8 +281,10 @@ def _verify_digested(run: _Run, inputs: LocalInputs, policy: Policy, progress: P
     if isinstance(context, _Refusal):
         run.stop_all(context.blockers, context.why)
         return run.report(policy), None
-    for number, gate in enumerate(gates):
-        run.record(first if number == 0 and first is not None else gate.run(context), len(pieces))
+    if first is not None:  # the first gate ran beside the source's digest; the others run now, in order
+        run.record(first, len(pieces))
+    for gate in gates[1:]:
+        run.record(gate.run(context), len(pieces))
     if shard != 0:
         return run.report(policy), context.part
     ran = {name for name, gate in run.gates.items() if gate.status != "not_run"} | (

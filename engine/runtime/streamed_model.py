@@ -234,7 +234,7 @@ class WeightStream:
                     module.register_forward_pre_hook(lambda _module, _args, ahead=ahead: self._ask(ahead))
                 by_rows[id(module)](module)
                 continue
-            module.register_forward_pre_hook(self._loader(names[position], ahead))
+            module.register_forward_pre_hook(self._loader(names[position], keys[position], ahead))
             module.register_forward_hook(self._releaser())
 
     def _ask(self, keys: list[str]) -> None:
@@ -308,14 +308,15 @@ class WeightStream:
 
         module.forward = forward
 
-    def _loader(self, names: list[str], ahead: list[str]) -> Any:
-        """The pre-hook that reads a module's weights, after asking for the next modules' (`ahead`)."""
+    def _loader(self, names: list[str], keys: list[str], ahead: list[str]) -> Any:
+        """The pre-hook that reads a module's weights (its parameters `names`, read from checkpoint `keys`),
+        after asking for the next modules' (`ahead`)."""
         def load(module: Any, _args: Any) -> None:
             if id(module) in self.resident:
                 return
             if ahead:
                 self._ask(ahead)
-            loaded = self.loading.load(self._keys(names))
+            loaded = self.loading.load(keys)
             model = self.loading.model
             for name in names:  # a tied parameter takes the tensor its tie source was just given
                 if name not in loaded and name in self.tied:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 
@@ -64,16 +65,16 @@ F16_SUBNORMAL_ROUNDING = 2.0 ** -25  # half the spacing of F16's values below it
 
 def _exact(row: TensorRow | None) -> bool:
     """Gate 1 found this tensor's stored values equal to the source's as float32, bit for bit."""
-    return _as_converted(row) and row is not None and row.max_abs == 0.0
+    return _as_converted(row) and row.max_abs == 0.0
 
 
 def _rounded_below_normal(row: TensorRow | None) -> bool:
     """Gate 1 found this F16 tensor to be the converter's rounding of a BF16 source, off by at most 2^-25."""
-    return _as_converted(row) and row is not None and row.gguf_type == "F16" and row.source_dtype == "BF16" and \
+    return _as_converted(row) and row.gguf_type == "F16" and row.source_dtype == "BF16" and \
         0.0 < row.max_abs <= F16_SUBNORMAL_ROUNDING
 
 
-def _as_converted(row: TensorRow | None) -> bool:
+def _as_converted(row: TensorRow | None) -> TypeGuard[TensorRow]:
     """Every stored value is the converter's own rounding of the source's value: nothing else changed."""
     return row is not None and row.result == "ok" and row.check == "bit-exact" and row.mismatched == 0 and \
         row.not_finite == 0 and row.signed_zero_flips == 0
