@@ -39,6 +39,7 @@ from engine.request import LocalInputs, VerifyRequest
 from engine.resources import cpu_budget
 from engine.signature_check import check_signatures
 from engine.versions import package_version
+from engine.warm_imports import import_on_a_thread
 
 ALWAYS_NOT_VERIFIED = (
     "retrieval quality against ground truth (only agreement with the reference model is measured)",
@@ -272,6 +273,8 @@ def _verify_digested(run: _Run, inputs: LocalInputs, policy: Policy, progress: P
         request=request, inputs=inputs, policy=policy, progress=progress, pieces=pieces, layout=prepared.opened[0],
         source=prepared.opened[1], imatrix=prepared.imatrix, imatrix_file=prepared.imatrix_file, shard=shard,
         shards=shards)
+    if isinstance(context, GateContext):
+        import_on_a_thread([name for gate in gates[1:] for name in gate.libraries])
     first = gates[0].run(context) if gates and isinstance(context, GateContext) else None
     waited = time.perf_counter()
     run.files = [*pieces, *tree.result()]

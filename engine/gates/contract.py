@@ -88,6 +88,7 @@ class Gate(Protocol):
     number: int
     name: GateName
     every_shard: bool  # runs in every pod of a verification split over pods (gate 1's parts), not only the first
+    libraries: tuple[str, ...]  # modules its run imports: imported on a thread while an earlier gate runs
 
     def run(self, context: GateContext) -> GateOutcome:
         """Measure, judge, and say what was not verified; record what later gates read into `context`."""

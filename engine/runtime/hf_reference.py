@@ -59,6 +59,13 @@ class HFTokenizer:
         return self.tokenizer.token_to_id(token)
 
 
+# What building a reference imports: torch, transformers and the modules its model code and loader use. From a
+# cold page cache ~9 s on 2 cores, so a verification imports them beside gate 1 (engine/warm_imports.py)
+REFERENCE_LIBRARIES = ("torch", "transformers", "transformers.modeling_utils", "transformers.initialization",
+                       "transformers.core_model_loading", "transformers.conversion_mapping",
+                       "transformers.masking_utils", "transformers.models.auto.modeling_auto")
+
+
 def _torch():
     try:
         import torch
@@ -98,6 +105,26 @@ def length_groups(sequences: Sequence[list[int]]) -> list[list[list[int]]]:
         else:
             groups.append([sequence])
     return groups
+
+
+def packed_rows(group: Sequence[list[int]]) -> list[list[list[int]]]:
+    """A length group's sequences (longest first) placed end to end in rows as wide as its longest one, each
+    into the first row with room (first fit, longest first), so a causal model computes their tokens and at
+    most the rows' slack instead of every sequence padded to the longest: 483 tokens of a llama's default
+    texts are 1,350 positions padded, 525 packed."""
+    width = max((len(sequence) for sequence in group), default=0)
+    rows: list[list[list[int]]] = []
+    room: list[int] = []
+    for sequence in sorted(group, key=len, reverse=True):
+        for row, free in enumerate(room):
+            if len(sequence) <= free:
+                rows[row].append(sequence)
+                room[row] -= len(sequence)
+                break
+        else:
+            rows.append([sequence])
+            room.append(width - len(sequence))
+    return rows
 
 
 class HFModel:
@@ -150,8 +177,9 @@ class HFModel:
                 f"so gate 2 has no reference: {type(exc).__name__}: {first_line}")
 
     def prefetch(self, sequences: Sequence[list[int]]) -> None:
-        """Run every sequence through the model in one padded batch when its weights are streamed, so each
-        weight is read once for all of them instead of once per sequence (a 70B source does not fit a pod's
+        """Run every sequence through the model in one batch per length group when its weights are streamed
+        (packed for a causal LM, padded for an encoder), so each weight is read once for all of them instead of
+        once per sequence (a 70B source does not fit a pod's
         page cache: 8 texts one by one would read it 8 times). The outputs wait for `embed` / `logits` to
         take them. A model whose weights stay resident gains nothing and keeps running one sequence at a
         time (exactly the numbers every threshold was measured with); a classifier head finds each
@@ -166,17 +194,47 @@ class HFModel:
         if len(todo) < 2:
             return
         self._takes.update(asked)
-        torch = _torch()
         for group in length_groups(todo):
-            ids = torch.zeros((len(group), len(group[0])), dtype=torch.long)  # right-padded: positions stay 0..n-1
-            mask = torch.zeros_like(ids)
-            for row, sequence in enumerate(group):
-                ids[row, :len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-                mask[row, :len(sequence)] = 1
-            with torch.inference_mode():
-                values = self._body(ids, mask)
-            for row, sequence in enumerate(group):
-                self._batched[tuple(sequence)] = values[row, :len(sequence)].numpy().copy()
+            (self._run_packed if self.causal else self._run_padded)(group)
+
+    def _run_padded(self, group: list[list[int]]) -> None:
+        """One batch, each sequence right-padded to the longest (its positions stay 0..n-1) and masked: what
+        an encoder gets, whose bidirectional attention transformers does not mask by packed positions."""
+        torch = _torch()
+        ids = torch.zeros((len(group), len(group[0])), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, sequence in enumerate(group):
+            ids[row, :len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+            mask[row, :len(sequence)] = 1
+        with torch.inference_mode():
+            values = self._body(ids, mask)
+        for row, sequence in enumerate(group):
+            self._batched[tuple(sequence)] = values[row, :len(sequence)].numpy().copy()
+
+    def _run_packed(self, group: list[list[int]]) -> None:
+        """One batch of rows (`packed_rows`), every sequence with its own positions 0..n-1 and no attention
+        mask: transformers then reads a position that does not follow its predecessor as the start of another
+        sequence and masks attention between them (its packed-sequence format), sliding windows included.
+        A row's slack is a filler sequence of its own, never read. No cache: the packed mask is built only
+        without one, and a single forward has no use for it."""
+        torch = _torch()
+        rows = packed_rows(group)
+        width = len(group[0])
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        positions = torch.zeros_like(ids)
+        placed: list[tuple[list[int], int, int]] = []
+        for row, packed in enumerate(rows):
+            at = 0
+            for sequence in packed:
+                ids[row, at:at + len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+                positions[row, at:at + len(sequence)] = torch.arange(len(sequence))
+                placed.append((sequence, row, at))
+                at += len(sequence)
+            positions[row, at:] = torch.arange(width - at)
+        with torch.inference_mode():
+            values = self.model.base_model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+        for sequence, row, at in placed:
+            self._batched[tuple(sequence)] = values[row, at:at + len(sequence)].numpy().copy()
 
     def _take(self, ids: list[int]) -> np.ndarray | None:
         """A prefetched output, dropped once taken as often as it was asked for (a text may also be one

@@ -5,7 +5,11 @@ and each gate's outcome and negative controls reach the report. Shown with stand
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -36,6 +40,7 @@ class StandIn:
     number: int
     name: GateName
     every_shard: bool = False
+    libraries: tuple[str, ...] = ()
     ran: list[int] = field(default_factory=list)  # the shard of each run
     planted: int = 0
 
@@ -81,3 +86,30 @@ def test_a_later_shard_runs_only_the_gates_that_run_in_every_shard(tiny_llama, s
     assert (storage.ran, runtime.ran, release.ran) == ([1], [], [])
     assert list(report.gates) == ["storage"] and part is None
     assert report.controls == []  # controls are the first pod's, over the merged verification
+
+
+def test_a_later_gates_libraries_are_imported_on_a_thread_while_the_first_gate_runs(
+        tiny_llama, stand_ins, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gate 2's torch and transformers take seconds to import from a cold page cache: the engine imports
+    them (each gate's `libraries`) beside gate 1, so they are loaded when gate 2 starts."""
+    (tmp_path / "convgate_warm_probe.py").write_text(
+        "import threading\nIMPORTED_BY = threading.current_thread().name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "convgate_warm_probe", raising=False)
+    storage, runtime, _ = stand_ins
+    runtime.libraries = ("convgate_warm_probe",)
+    seen: list[str] = []
+    first_run = storage.run
+
+    def waiting_run(context: GateContext) -> GateOutcome:
+        deadline = time.monotonic() + 10
+        while "convgate_warm_probe" not in sys.modules and time.monotonic() < deadline:
+            time.sleep(0.01)
+        module = sys.modules.get("convgate_warm_probe")
+        seen.append(getattr(module, "IMPORTED_BY", "not imported while gate 1 ran"))
+        return first_run(context)
+
+    storage.run = waiting_run  # type: ignore[method-assign]
+    inputs = LocalInputs(source=tiny_llama / "source", artifact=tiny_llama / "tiny-llama-F16.gguf")
+    verify(VerifyRequest(gates=frozenset({1, 2})), inputs, SUITE_POLICY)
+    assert seen and seen[0] not in ("not imported while gate 1 ran", threading.current_thread().name), seen

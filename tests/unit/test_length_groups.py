@@ -6,7 +6,7 @@ float32 compute to save one ~50 s read of the weights."""
 
 from __future__ import annotations
 
-from engine.runtime.hf_reference import PADDING_POSITIONS, length_groups
+from engine.runtime.hf_reference import PADDING_POSITIONS, length_groups, packed_rows
 
 DEFAULT_TEXTS = [75, 74, 51, 41, 41, 35, 33, 24, 22, 19, 14, 13, 12, 9, 8, 6, 4, 2]  # a llama's default texts
 
@@ -37,3 +37,14 @@ def test_no_sequence_is_padded_past_the_bound_and_short_texts_share_one_read():
         assert all(group[0] - length <= PADDING_POSITIONS for length in group)
         assert group == sorted(group, reverse=True)
     assert groups[-1] == [250, 75, 40, 2, 1]  # padded to twice their tokens, yet one read, not two
+
+
+def test_a_causal_groups_sequences_are_packed_into_rows_as_wide_as_its_longest():
+    """`packed_rows`: a causal reference computes the texts' tokens plus the rows' slack, not every text padded
+    to the longest (483 tokens: 525 positions packed, 1,350 padded)."""
+    group = _sequences(DEFAULT_TEXTS)
+    rows = packed_rows(group)
+    assert sorted(len(sequence) for row in rows for sequence in row) == sorted(DEFAULT_TEXTS)
+    assert all(sum(len(sequence) for sequence in row) <= max(DEFAULT_TEXTS) for row in rows)
+    assert len(rows) * max(DEFAULT_TEXTS) == 525 and len(group) * max(DEFAULT_TEXTS) == 1350
+    assert packed_rows([[7] * 9]) == [[[7] * 9]] and packed_rows([]) == []

@@ -184,6 +184,7 @@ class ReleaseGate:
     number = 3
     name: GateName = "release"
     every_shard = False
+    libraries: tuple[str, ...] = ()
 
     def run(self, context: GateContext) -> GateOutcome:
         sentence = sentence_config(context.source)

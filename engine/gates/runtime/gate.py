@@ -56,7 +56,7 @@ from engine.progress import Progress, no_progress
 from engine.quant.compute import compute_classes
 from engine.quant.precision import precision_class, type_mix
 from engine.report import GateResult, TensorRow
-from engine.runtime.hf_reference import HFTokenizer
+from engine.runtime.hf_reference import REFERENCE_LIBRARIES, HFTokenizer
 from engine.runtime.llama_candidate import CandidateLoadError, decode_batch
 from engine.runtime.llama_process import LlamaCrashedError, LlamaProcess
 from engine.runtime.sentence_config import SentenceConfig, sentence_config
@@ -338,6 +338,7 @@ class RuntimeGate:
     number = 2
     name: GateName = "runtime"
     every_shard = False
+    libraries: tuple[str, ...] = REFERENCE_LIBRARIES
 
     def run(self, context: GateContext) -> GateOutcome:
         request = context.request

@@ -150,6 +150,7 @@ class StorageGate:
     number = 1
     name: GateName = "storage"
     every_shard = True
+    libraries: tuple[str, ...] = ()
 
     def run(self, context: GateContext) -> GateOutcome:
         found = run_storage_part(context.artifact, context.layout, context.source, context.policy, context.progress,
