@@ -11,6 +11,7 @@ without an importance matrix is reported as not reproduced, never as a mismatch.
 from __future__ import annotations
 
 import hashlib
+import math
 import zlib
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from engine.report import TensorRow
 __all__ = ["check_kind", "check_tensor", "f32_to_bf16_bits", "readers_agree"]
 
 CHUNK_ELEMENTS = 1 << 22
+DENSE_CHANGES = 8  # past 1/8 of a chunk's values changed, its diff is computed whole, not at the changed ones
 
 
 @dataclass
@@ -50,6 +52,19 @@ class _Accumulator:
     violations_by_precision: dict[str, int] = field(default_factory=dict)
 
     def add_values(self, expected: np.ndarray, stored: np.ndarray) -> None:
+        """The chunk's statistics. A float32 chunk whose values are all finite takes `_finite_figures`: the
+        same figures, bit for bit, in a few passes instead of a dozen masked float64 copies (those were 53 of
+        the 60 CPU seconds of the half-7B F16's gate 1)."""
+        with np.errstate(invalid="ignore", over="ignore"):  # a value that is not finite sends it to the masked path
+            found = _finite_figures(expected.reshape(-1), stored.reshape(-1)) if (
+                expected.dtype == stored.dtype == np.float32) else None
+        if found is not None:
+            sum_sq_ref, sum_sq_diff, max_abs, flips = found
+            self.sum_sq_ref += sum_sq_ref
+            self.sum_sq_diff += sum_sq_diff
+            self.max_abs = max(self.max_abs, max_abs)
+            self.signed_zero_flips += flips
+            return
         finite = np.isfinite(expected) & np.isfinite(stored)
         self.not_finite += int((np.isfinite(expected) & ~np.isfinite(stored)).sum())
         diff = expected[finite].astype(np.float64) - stored[finite].astype(np.float64)
@@ -80,6 +95,34 @@ class _Accumulator:
     def bound_violations(self) -> int:
         precision = self.bound_precision
         return self.violations_by_precision[precision] if precision else 0
+
+
+def _finite_figures(expected: np.ndarray, stored: np.ndarray) -> tuple[float, float, float, int] | None:
+    """(sum of squares of expected, of the diff, max |diff|, signed-zero flips) of two flat float32 chunks, or
+    None when a value is not finite (the masked path then counts it). The sums run over the same full-length
+    float64 arrays as the masked path (the diff is zero where the bits agree), so rel_l2's last bits do not
+    depend on the path. The sums tell finiteness: float32 squares cannot overflow a float64 sum of a chunk,
+    so a sum that is not finite holds a value that is not. Equal values whose bits differ are +0 and -0."""
+    ref = expected.astype(np.float64)
+    sum_sq_ref = float(np.einsum("i,i->", ref, ref))
+    if not math.isfinite(sum_sq_ref):
+        return None
+    differ = expected.view(np.uint32) != stored.view(np.uint32)
+    count = int(np.count_nonzero(differ))
+    if not count:
+        return sum_sq_ref, 0.0, 0.0, 0
+    if count > expected.size // DENSE_CHANGES:  # a quantized chunk: nearly every value moved
+        diff = ref - stored.astype(np.float64)
+        moved = diff
+    else:
+        changed = np.flatnonzero(differ)
+        diff = np.zeros(expected.size, dtype=np.float64)
+        diff[changed] = ref[changed] - stored[changed].astype(np.float64)
+        moved = diff[changed]
+    sum_sq_diff = float(np.einsum("i,i->", diff, diff))  # einsum: see the masked path
+    if not math.isfinite(sum_sq_diff):
+        return None
+    return sum_sq_ref, sum_sq_diff, float(np.abs(moved).max()), count - int(np.count_nonzero(moved))
 
 
 def _float_chunk(acc: _Accumulator, expected: np.ndarray, raw: np.ndarray, type_name: str) -> None:
