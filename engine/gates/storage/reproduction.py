@@ -17,6 +17,10 @@ from engine.quant import reference
 
 INPUT_PRECISIONS = ("f32", "f16", "bf16")
 TIE_SEARCH_MAX_FRACTION = 1 / 8  # above this share of differing blocks, no tie search (it cannot matter)
+# Types whose unweighted quantizer writes each block from that block's values alone (ggml's K-quant reference
+# quantizers), so a block can be quantized as a row of its own (`_quantize_blocks`, `_requantized`). Not the
+# weighted paths: some weigh a block by statistics of its row
+BLOCKWISE_TYPES = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 
 
 def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
@@ -95,6 +99,26 @@ def _quantize_blocks(candidate_input: np.ndarray, info: TensorInfo, weights: np.
     return out
 
 
+def _requantized(candidate_input: np.ndarray, info: TensorInfo, weights: np.ndarray | None,
+                 first: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """The chunk's blocks quantized from `candidate_input`. Given the first precision's (input, blocks) of a
+    BLOCKWISE_TYPES chunk, only the blocks whose input bits differ from it are quantized again: the others
+    are the same bytes. F16 holds every BF16 value in its normal range, so a BF16 source's f16 input differs
+    from its f32 one only in blocks holding a value below 2^-14 (half of them, on random weights): a chunk that
+    reproduces under f16 only, as an F16-then-quantized file of a BF16 source does, is not quantized twice."""
+    ggml_type = info.ggml_type
+    if first is None:
+        return reference.quantize(candidate_input, ggml_type, quant_weights=weights).reshape(-1, ggml_type.type_size)
+    first_input, first_blocks = first
+    size = ggml_type.block_size
+    moved = np.nonzero((candidate_input.reshape(-1, size).view(np.uint32) !=
+                        first_input.reshape(-1, size).view(np.uint32)).any(axis=1))[0]
+    ours = first_blocks.copy()
+    if moved.size:
+        ours[moved] = _quantize_blocks(candidate_input, info, None, moved)
+    return ours
+
+
 def reproduce_chunk(x: np.ndarray, raw: np.ndarray, info: TensorInfo, tie_ulps: int,
                     weights: np.ndarray | None, sample: np.ndarray | None = None) -> ChunkReproduction:
     """Re-quantize source rows `x` (at each input precision) and count the blocks that differ from `raw`;
@@ -104,11 +128,14 @@ def reproduce_chunk(x: np.ndarray, raw: np.ndarray, info: TensorInfo, tie_ulps: 
     picks = None if sample is None else np.nonzero(sample)[0]
     compared = raw_blocks.shape[0] if picks is None else int(picks.size)
     best: tuple[str, np.ndarray, np.ndarray] | None = None
+    first: tuple[np.ndarray, np.ndarray] | None = None  # the first precision's input and blocks, when reusable
     for precision in INPUT_PRECISIONS:
         candidate_input = round_input(x, precision)
         if picks is None:
-            ours = reference.quantize(candidate_input, ggml_type, quant_weights=weights)
-            differing = np.nonzero((ours.reshape(-1, ggml_type.type_size) != raw_blocks).any(axis=1))[0]
+            ours = _requantized(candidate_input, info, weights, first)
+            if first is None and weights is None and ggml_type.name in BLOCKWISE_TYPES:
+                first = (candidate_input, ours)
+            differing = np.nonzero((ours != raw_blocks).any(axis=1))[0]
         else:
             ours = _quantize_blocks(candidate_input, info, weights, picks)
             differing = picks[(ours != raw_blocks[picks]).any(axis=1)]
