@@ -121,6 +121,13 @@ def timed(label: str, work) -> tuple[float, object]:  # type: ignore[no-untyped-
     return seconds, result
 
 
+def fresh(path: Path) -> Path:
+    """`path` with any file there from an earlier run removed: the fixture tools keep an existing file, which
+    would then not be timed."""
+    path.unlink(missing_ok=True)
+    return path
+
+
 def cold(label: str, work) -> tuple[float, object]:  # type: ignore[no-untyped-def]
     """`timed` from a dropped page cache: the converter and the quantizer read from storage, as each
     verification does, so the ratio compares like with like (with the source just written, and so still in
@@ -266,9 +273,8 @@ def main() -> None:
 
         made["build the BF16 source"], params = timed("build the BF16 source", build)
         tree = llama_cpp_tree(args.fixtures)
-        (workdir / f"{source.name}-F16.gguf").unlink(missing_ok=True)  # a kept one would not be timed
         made["convert F16"], f16 = cold("convert F16", lambda: convert(tree, source, "f16",
-                                                                          workdir / f"{source.name}-F16.gguf"))
+                                                                         fresh(workdir / f"{source.name}-F16.gguf")))
         if "F16" in chosen:
             runs.append(verify(source, Path(str(f16)), [], group))
         source_gb = sum(path.stat().st_size for path in source.glob("*.safetensors")) / 1e9
@@ -276,7 +282,7 @@ def main() -> None:
             if args.low_disk:  # the seeded source is made again, identical, once the F16 is gone
                 shutil.rmtree(source)
             made["quantize Q4_K_M"], q4 = cold("quantize Q4_K_M", lambda: quantize(
-                Path(str(f16)), "Q4_K_M", workdir / f"{source.name}-Q4_K_M.gguf"))
+                Path(str(f16)), "Q4_K_M", fresh(workdir / f"{source.name}-Q4_K_M.gguf")))
             Path(str(f16)).unlink()  # the disk: BF16 source, F16 and Q4_K_M at once is the peak
             if not source.exists():
                 timed("build the BF16 source again", build)
