@@ -273,9 +273,11 @@ def _verify_digested(run: _Run, inputs: LocalInputs, policy: Policy, progress: P
         request=request, inputs=inputs, policy=policy, progress=progress, pieces=pieces, layout=prepared.opened[0],
         source=prepared.opened[1], imatrix=prepared.imatrix, imatrix_file=prepared.imatrix_file, shard=shard,
         shards=shards)
-    if isinstance(context, GateContext):
-        import_on_a_thread([name for gate in gates[1:] for name in gate.libraries])
+    warming = import_on_a_thread([name for gate in gates[1:] for name in gate.libraries]) if isinstance(
+        context, GateContext) else None
     first = gates[0].run(context) if gates and isinstance(context, GateContext) else None
+    if warming is not None:  # the later gates import what it imports: never both at once
+        warming.join()
     waited = time.perf_counter()
     run.files = [*pieces, *tree.result()]
     run.timings["fetch_and_digest"] += time.perf_counter() - waited

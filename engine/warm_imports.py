@@ -18,8 +18,10 @@ from collections.abc import Sequence
 
 
 def import_on_a_thread(modules: Sequence[str]) -> threading.Thread | None:
-    """Import `modules` in order on a daemon thread (None when there are none). Python's per-module import
-    locks make a gate that imports one of them meanwhile wait for this thread's import, not repeat it."""
+    """Import `modules` in order on a daemon thread (None when there are none). Join it before anything else
+    imports them: Python's module locks serialise two imports of one module, but transformers' lazy module
+    does not, and `from transformers import AutoModel` beside this thread's import of it failed with an
+    ImportError (CI: gate 2 reported transformers missing)."""
     if not modules:
         return None
 

@@ -113,3 +113,26 @@ def test_a_later_gates_libraries_are_imported_on_a_thread_while_the_first_gate_r
     inputs = LocalInputs(source=tiny_llama / "source", artifact=tiny_llama / "tiny-llama-F16.gguf")
     verify(VerifyRequest(gates=frozenset({1, 2})), inputs, SUITE_POLICY)
     assert seen and seen[0] not in ("not imported while gate 1 ran", threading.current_thread().name), seen
+
+
+def test_the_libraries_are_imported_before_the_gate_that_needs_them_starts(
+        tiny_llama, stand_ins, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gate never imports a library while the warm-up thread is still importing it: transformers' lazy
+    module answered `from transformers import AutoModel` with an ImportError beside another thread's import,
+    and gate 2 reported transformers missing. The first gate here ends at once; the import takes 0.5 s."""
+    (tmp_path / "convgate_slow_probe.py").write_text("import time\ntime.sleep(0.5)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "convgate_slow_probe", raising=False)
+    _, runtime, _ = stand_ins
+    runtime.libraries = ("convgate_slow_probe",)
+    seen: list[bool] = []
+    second_run = runtime.run
+
+    def checking_run(context: GateContext) -> GateOutcome:
+        seen.append(getattr(sys.modules.get("convgate_slow_probe"), "DONE", False))
+        return second_run(context)
+
+    runtime.run = checking_run  # type: ignore[method-assign]
+    inputs = LocalInputs(source=tiny_llama / "source", artifact=tiny_llama / "tiny-llama-F16.gguf")
+    verify(VerifyRequest(gates=frozenset({1, 2})), inputs, SUITE_POLICY)
+    assert seen == [True]
