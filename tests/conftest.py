@@ -60,6 +60,15 @@ def built(folder: str, last_file: str) -> Path:
     return root
 
 
+@pytest.fixture
+def stream_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stream even a small model, so every forward runs the streaming path (by default a model under
+    RESIDENT_BYTES is kept once read and runs its texts one at a time, never batched)."""
+    from engine.runtime import streamed_model
+
+    monkeypatch.setattr(streamed_model, "RESIDENT_BYTES", 0)
+
+
 @pytest.fixture(scope="session")
 def minilm() -> Path:
     """source/ and minilm-<TYPE>.gguf: all-MiniLM-L6-v2 and llama.cpp's conversions of it."""

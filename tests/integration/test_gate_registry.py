@@ -88,16 +88,21 @@ def test_a_later_shard_runs_only_the_gates_that_run_in_every_shard(tiny_llama, s
     assert report.controls == []  # controls are the first pod's, over the merged verification
 
 
+def _library_of(gate: StandIn, name: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module `name` holding `code`, importable and not yet imported, named as `gate`'s one library."""
+    (tmp_path / f"{name}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    gate.libraries = (name,)
+
+
 def test_a_later_gates_libraries_are_imported_on_a_thread_while_the_first_gate_runs(
         tiny_llama, stand_ins, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Gate 2's torch and transformers take seconds to import from a cold page cache: the engine imports
     them (each gate's `libraries`) beside gate 1, so they are loaded when gate 2 starts."""
-    (tmp_path / "convgate_warm_probe.py").write_text(
-        "import threading\nIMPORTED_BY = threading.current_thread().name\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "convgate_warm_probe", raising=False)
     storage, runtime, _ = stand_ins
-    runtime.libraries = ("convgate_warm_probe",)
+    _library_of(runtime, "convgate_warm_probe", "import threading\nIMPORTED_BY = threading.current_thread().name\n",
+                tmp_path, monkeypatch)
     seen: list[str] = []
     first_run = storage.run
 
@@ -120,11 +125,8 @@ def test_the_libraries_are_imported_before_the_gate_that_needs_them_starts(
     """A gate never imports a library while the warm-up thread is still importing it: transformers' lazy
     module answered `from transformers import AutoModel` with an ImportError beside another thread's import,
     and gate 2 reported transformers missing. The first gate here ends at once; the import takes 0.5 s."""
-    (tmp_path / "convgate_slow_probe.py").write_text("import time\ntime.sleep(0.5)\nDONE = True\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "convgate_slow_probe", raising=False)
     _, runtime, _ = stand_ins
-    runtime.libraries = ("convgate_slow_probe",)
+    _library_of(runtime, "convgate_slow_probe", "import time\ntime.sleep(0.5)\nDONE = True\n", tmp_path, monkeypatch)
     seen: list[bool] = []
     second_run = runtime.run
 

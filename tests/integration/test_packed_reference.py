@@ -9,13 +9,13 @@ seeing the others (tested below on every decoder architecture the project maps, 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from engine.runtime import streamed_model as streamed_module
 from engine.runtime.hf_reference import HFModel
 
 pytestmark = pytest.mark.slow
@@ -25,15 +25,7 @@ DEFAULT_TEXTS = (75, 74, 51, 41, 41, 35, 33, 24, 22, 19, 14, 13, 12, 9, 8, 6, 4,
 MIXED = (80, 66, 50, 30, 13, 9, 3, 1)
 
 
-@pytest.fixture
-def stream_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stream even a small model: only a streamed model batches its texts."""
-    monkeypatch.setattr(streamed_module, "RESIDENT_BYTES", 0)
-
-
 def _ids(source: Path, lengths: tuple[int, ...], seed: int) -> list[list[int]]:
-    import json
-
     vocab = json.loads((source / "config.json").read_text())["vocab_size"]
     rng = np.random.default_rng(seed)
     return [[int(i) for i in rng.integers(3, vocab, size=n)] for n in lengths]

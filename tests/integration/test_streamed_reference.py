@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from engine.errors import SourceError
-from engine.runtime import streamed_model as streamed_module
 from engine.runtime.checkpoints import SafetensorsCheckpoint, checkpoint_index
 from engine.runtime.hf_reference import HFModel
 from engine.runtime.streamed_model import Loading, load_persistent_buffers, materialized_parameters, streamed_model
@@ -24,11 +23,6 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def stream_everything(monkeypatch):
-    """Stream even a small model, so every forward of these tests runs the streaming path (by default a
-    model under RESIDENT_BYTES is kept once read: `test_a_small_model_stays_resident...`)."""
-    monkeypatch.setattr(streamed_module, "RESIDENT_BYTES", 0)
 LENGTHS = (9, 80)
 
 
