@@ -275,9 +275,11 @@ def _verify_digested(run: _Run, inputs: LocalInputs, policy: Policy, progress: P
         shards=shards)
     warming = import_on_a_thread([name for gate in gates[1:] for name in gate.libraries]) if isinstance(
         context, GateContext) else None
-    first = gates[0].run(context) if gates and isinstance(context, GateContext) else None
-    if warming is not None:  # the later gates import what it imports: never both at once
-        warming.join()
+    try:
+        first = gates[0].run(context) if gates and isinstance(context, GateContext) else None
+    finally:  # the later gates (or, after an error, the process's next verification) import what it imports
+        if warming is not None:
+            warming.join()
     waited = time.perf_counter()
     run.files = [*pieces, *tree.result()]
     run.timings["fetch_and_digest"] += time.perf_counter() - waited

@@ -138,3 +138,21 @@ def test_the_libraries_are_imported_before_the_gate_that_needs_them_starts(
     inputs = LocalInputs(source=tiny_llama / "source", artifact=tiny_llama / "tiny-llama-F16.gguf")
     verify(VerifyRequest(gates=frozenset({1, 2})), inputs, SUITE_POLICY)
     assert seen == [True]
+
+
+def test_a_first_gate_that_raises_leaves_no_import_running(
+        tiny_llama, stand_ins, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first gate that fails with an exception ends the verification, but the process goes on (a local pool
+    worker takes the next one, whose gate 2 imports transformers): the warm-up import must be over by then, or
+    that import runs beside it (the ImportError above). The error still reaches the caller unchanged."""
+    storage, runtime, _ = stand_ins
+    _library_of(runtime, "convgate_raised_probe", "import time\ntime.sleep(0.5)\n", tmp_path, monkeypatch)
+
+    def failing_run(context: GateContext) -> GateOutcome:
+        raise RuntimeError("gate 1 crashed")
+
+    storage.run = failing_run  # type: ignore[method-assign]
+    inputs = LocalInputs(source=tiny_llama / "source", artifact=tiny_llama / "tiny-llama-F16.gguf")
+    with pytest.raises(RuntimeError, match="gate 1 crashed"):
+        verify(VerifyRequest(gates=frozenset({1, 2})), inputs, SUITE_POLICY)
+    assert [thread.name for thread in threading.enumerate() if thread.name == "convgate-warm-imports"] == []
