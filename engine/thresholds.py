@@ -12,7 +12,10 @@ Margins: distances (NMSE, KL mean and p99) get `DISTANCE_MARGIN`, the cosine def
 `COSINE_DEFICIT_MARGIN`, top-1 agreement an absolute `TOP1_SLACK`. Top-1 agreement counts only positions
 whose reference margin between its two most likely tokens exceeds the class's `tie_margin`:
 `TIE_MARGIN_FACTOR` times the 99th percentile of how far honest files moved such a margin. What a file's
-quantization costs against the source is not judged here: `engine/quality_budgets.py` budgets it.
+quantization costs against the source is not judged here: `engine/quality_budgets.py` budgets it. A float
+file of a model whose own arithmetic is more sensitive to its class's rounding than these models' (32 layers
+of random weights) is held to a multiple of that model's measured sensitivity instead, when that is wider:
+`engine/gates/runtime/compute_noise.py`.
 """
 
 from __future__ import annotations

@@ -180,7 +180,10 @@ def verify(source: Path, artifact: Path, shard_sha256: list[str], group: Path | 
     for step, end in bounds.items():
         gates[step] = {"seconds": timings.get(step, 0.0), "read_gb": (sampler.read_by(end) - before) / 1e9}
         before = sampler.read_by(end)
+    logits = report.get("gates", {}).get("runtime", {}).get("details", {}).get("logits", {})
     return {"artifact": artifact.name, "verdict": report["verdict"], "passes": passes(report),
+            "distances": {key: logits.get("summary", {}).get(key) for key in ("nmse", "kl_mean", "kl_p99")},
+            "compute_noise": logits.get("compute_noise"),
             "blockers": [b["code"] for b in report["blockers"]], "wall_s": wall, "rss_gib": sampler.rss / 2**20,
             "anon_gib": sampler.anon / 2**20,
             "read_gb": sum(sampler.read.values()) / 1e9, "gates": gates, "cache_dropped": dropped}
@@ -212,6 +215,13 @@ def report(params: int, source_gb: float, made: dict[str, float], runs: list[dic
     for run in runs:  # random weights: a NO-GO's blockers say whether correctness or a trained-model budget spoke
         if run["blockers"]:
             print(f"  {run['artifact']} blockers: {', '.join(sorted(set(run['blockers'])))}")
+        print(f"  {run['artifact']} correctness distances: " + ", ".join(
+            f"{key} {value:.3g}" for key, value in run["distances"].items() if value is not None))
+        if noise := run["compute_noise"]:  # gate 2 measured the model's own rounding noise (compute_noise.py)
+            print(f"  {run['artifact']} its own {noise['rounded_to']} rounding noise over {noise['positions']} "
+                  f"positions: nmse {noise['nmse']:.3g}, kl_mean {noise['kl_mean']:.3g}, kl_p99 {noise['kl_p99']:.3g}; "
+                  f"thresholds then nmse {noise['thresholds']['max_logits_nmse']}, kl_mean "
+                  f"{noise['thresholds']['max_kl_mean']}, kl_p99 {noise['thresholds']['max_kl_p99']}")
     conversion = {"F16": made["convert F16"], "Q4_K_M": made["convert F16"] + made.get("quantize Q4_K_M", 0.0)}
     conversion["split"] = conversion["Q4_K_M"] + made.get("split Q4_K_M", 0.0)
     print("\nverification wall / making the file:")

@@ -38,6 +38,7 @@ from fixture_tools import (
 from fixtures_bf16_source import build_bf16_source
 from fixtures_configs import build_configs_v4
 from fixtures_decoders import build_decoders
+from fixtures_deep_random import build_deep_random
 from fixtures_encoders import BUILDERS as ENCODER_BUILDERS
 from fixtures_gemma3 import build_gemma3
 from fixtures_imatrix import build_imatrix
@@ -154,6 +155,7 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "minilm": build_minilm, "smollm2": build_smollm, "gemma3": build_gemma3,
     "tiny-llama": build_tiny_llama, "tiny-qwen3": build_tiny_qwen3,
     "bf16-source": build_bf16_source,  # after tiny-llama, whose source it casts
+    "deep-random": build_deep_random,  # after tiny-llama, whose tokenizer and shapes it takes
     "configs-v4": build_configs_v4,  # after the decoders and modernbert, whose built configs it reads
 }
 
@@ -163,7 +165,7 @@ SHARED = {"downloads", ".stamps"}
 
 
 # builders that convert another builder's output: they are rebuilt when it is
-DEPENDS_ON = {"imatrix": ("tiny-llama",), "bf16-source": ("tiny-llama",),
+DEPENDS_ON = {"imatrix": ("tiny-llama",), "bf16-source": ("tiny-llama",), "deep-random": ("tiny-llama",),
               "configs-v4": ("decoders", "arch-modernbert")}
 
 

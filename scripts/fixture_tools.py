@@ -67,6 +67,22 @@ def _extract_llama_cpp(cache: Path, version: str, wanted: tuple[str, ...], tmp: 
         archive.extractall(tmp, members=members, filter="data")
 
 
+def tiny_llama_variant(cache: Path, folder: str, write_weights: Callable[[Path, Path], None]) -> Path:
+    """`<cache>/<folder>/source`: tiny-llama's tokenizer and configuration files beside weights of its own, which
+    `write_weights(tiny_source, tmp)` writes (and the configuration, when it changes it)."""
+    tiny = cache / "tiny-llama" / "source"
+    (cache / folder).mkdir(exist_ok=True)
+
+    def make_source(tmp: Path) -> None:
+        tmp.mkdir()
+        for path in tiny.iterdir():
+            if path.suffix != ".safetensors":
+                shutil.copyfile(path, tmp / path.name)
+        write_weights(tiny, tmp)
+
+    return produce(cache / folder / "source", make_source)
+
+
 def llama_cpp_tree(cache: Path) -> Path:
     """The vendored llama.cpp tree of the installed llama-cpp-python version's sdist: the converter, gguf-py,
     the tokenizer test vocabularies and llama-vocab.cpp (the pre-tokenizer names it knows)."""

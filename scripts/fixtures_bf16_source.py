@@ -9,26 +9,16 @@ call each rounded value the converter's own."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-from fixture_tools import convert, llama_cpp_tree, produce
+from fixture_tools import convert, llama_cpp_tree, tiny_llama_variant
 
 
 def build_bf16_source(cache: Path) -> None:
-    tree = llama_cpp_tree(cache)
-    tiny = cache / "tiny-llama" / "source"
-    out = cache / "bf16-source"
-    out.mkdir(exist_ok=True)
-
-    def make_source(tmp: Path) -> None:
+    def bf16_weights(tiny: Path, tmp: Path) -> None:
         import torch
         from safetensors.torch import load_file, save_file
 
-        tmp.mkdir()
-        for path in tiny.iterdir():
-            if path.suffix != ".safetensors":
-                shutil.copyfile(path, tmp / path.name)
         for path in tiny.glob("*.safetensors"):
             tensors = {name: tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
                        for name, tensor in load_file(str(path)).items()}
@@ -36,5 +26,5 @@ def build_bf16_source(cache: Path) -> None:
         config = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
         (tmp / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16"}, indent=2), encoding="utf-8")
 
-    source = produce(out / "source", make_source)
-    convert(tree, source, "f16", out / "F16.gguf")
+    source = tiny_llama_variant(cache, "bf16-source", bf16_weights)
+    convert(llama_cpp_tree(cache), source, "f16", cache / "bf16-source" / "F16.gguf")

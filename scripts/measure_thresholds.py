@@ -13,6 +13,7 @@ two named text sets, the default set's texts and examples/english.txt, and the p
 quantizations are built with llama.cpp's own quantizer into `<fixtures>/threshold-study/`.
 
 Usage: python scripts/measure_thresholds.py [--fixtures .fixtures] [--only minilm|smollm2|gemma3] [--types Q8_0,...]
+       python scripts/measure_thresholds.py --compute-noise [--only smollm2|gemma3]   (LLAMA_OVER_EMULATED)
 """
 
 from __future__ import annotations
@@ -102,14 +103,46 @@ def measure(source: Path, artifact: Path, text_sets: dict[str, tuple[str, ...]] 
             "cost_ppl_ratio": overall["ppl_ratio"], "blockers": [b.code for b in report.blockers]}
 
 
+def _print_noise_ratios(fixtures: Path, models: list[str]) -> None:
+    """Each causal model's F16 and BF16 run with every distance threshold at zero, so gate 2 fails on a distance
+    and measures the model's own sensitivity to its class's rounding: llama.cpp's distances (over the default
+    texts) divided by that emulated rounding's (the longest text's first positions)."""
+    strict = {name: PERMISSIVE.model_copy(update={"max_logits_nmse": 0.0, "max_kl_mean": 0.0, "max_kl_p99": 0.0})
+              for name in COMPUTE_CLASSES}
+    policy = permissive().model_copy(update={"runtime": strict})
+    worst = 0.0
+    for model in models:
+        source_dir, _, built, _ = MODELS[model]
+        for kind in ("F16", "BF16"):
+            if kind not in built:
+                continue
+            artifact = artifact_path(fixtures, model, kind, study=False)
+            report = verify(VerifyRequest(gates=frozenset({2})), LocalInputs(source=fixtures / source_dir,
+                                                                          artifact=artifact), policy)
+            logits = report.gates["runtime"].details["logits"]
+            noise, summary = logits["compute_noise"], logits["summary"]
+            ratios = {key: summary[key] / noise[key] for key in ("nmse", "kl_mean", "kl_p99") if noise[key] > 0}
+            worst = max(worst, *ratios.values())
+            print(json.dumps({"fixture": f"{model}-{kind}", "llama": {k: summary[k] for k in ratios},
+                              "emulated": {k: noise[k] for k in ratios}, "positions": noise["positions"],
+                              "ratios": ratios}), flush=True)
+    print(f"worst llama.cpp / emulated: {worst:.3g}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixtures", type=Path, default=ROOT / ".fixtures")
     parser.add_argument("--only", choices=sorted(MODELS), action="append")
     parser.add_argument("--types", help="comma-separated types to measure (default: all of the model's)")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compute-noise", action="store_true",
+                        help="the causal models' float files: llama.cpp's distances over the emulated rounding's "
+                             "(engine/gates/runtime/compute_noise.py's LLAMA_OVER_EMULATED)")
     args = parser.parse_args()
     chosen = args.only or sorted(MODELS)
+    if args.compute_noise:
+        _print_noise_ratios(args.fixtures, [model for model in chosen if model != "minilm"])
+        return
     if args.build_only:
         for model in chosen:
             _, base, _, extra = MODELS[model]

@@ -96,6 +96,10 @@ SETS = {
         ("engine",),
         ("engine/gates/runtime/labelled_retrieval.py",),
         ("tests/unit/test_labelled_retrieval.py",)),
+    "noise": MutationSet(  # gate 2's distance thresholds widened to a model's own rounding noise (issue 33)
+        ("engine",),
+        ("engine/gates/runtime/compute_noise.py", "engine/runtime/activation_rounding.py"),
+        ("tests/unit/test_compute_noise.py",)),
     "scale-gates": MutationSet(  # integration tests only: hours on 2 cores
         ("engine",),
         ("engine/gates/storage/value_checks.py", "engine/gates/storage/parts.py", "engine/runtime/streamed_model.py"),

@@ -101,6 +101,13 @@ def tiny_llama() -> Path:
 
 
 @pytest.fixture(scope="session")
+def deep_random() -> Path:
+    """source/ (a 32-layer random llama, BF16) and F16.gguf, whose honest logits llama.cpp's float16 rounding
+    moves past the float16 thresholds (scripts/fixtures_deep_random.py)."""
+    return built("deep-random", "F16.gguf")
+
+
+@pytest.fixture(scope="session")
 def bf16_source() -> Path:
     """source/ (tiny-llama's weights as BF16) and F16.gguf, whose values below F16's normal range are rounded
     (scripts/fixtures_bf16_source.py)."""

@@ -21,6 +21,7 @@ import numpy as np
 from engine.errors import ReferenceMissingError, SourceError
 from engine.formats.json_input import parse_json
 from engine.resources import cpu_budget, limit_native_threads
+from engine.runtime.activation_rounding import rounded_linear_inputs
 from engine.runtime.checkpoints import Checkpoint
 from engine.runtime.sentence_config import Pooling
 from engine.runtime.streamed_model import STREAMED, streamed_model
@@ -257,6 +258,17 @@ class HFModel:
         """The last hidden states of a batch: the base model's output (a causal LM's, before its head)."""
         body = self.model.base_model if self.causal else self.model
         return body(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    def rounding_pair(self, ids: list[int], dtype_name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A causal LM's last hidden states for `ids` twice, from one pass (one read of a streamed model's
+        weights): exact, and with every matrix product's input rounded to `dtype_name` (`"float16"`,
+        `"bfloat16"`), the second also rounded as the head's own input is (`activation_rounding.py`)."""
+        torch = _torch()
+        dtype = getattr(torch, dtype_name)
+        tensor = torch.tensor([ids, ids], dtype=torch.long)
+        with torch.inference_mode(), rounded_linear_inputs(self.model.base_model, dtype, row=1):
+            found = self._body(tensor, torch.ones_like(tensor))
+        return found[0].numpy().copy(), found[1].to(dtype).to(torch.float32).numpy().copy()
 
     def hidden(self, ids: list[int]) -> np.ndarray:
         """The last hidden states of one unpadded sequence, float32 [positions, hidden]: what the head reads.

@@ -33,6 +33,7 @@ from engine.formats.gguf_structure import GGUFLayout
 from engine.formats.source import SourceModel
 from engine.gates.contract import ControlInputs, GateContext, GateName, GateOutcome, Plant
 from engine.gates.runtime.chat_template import check_chat_template
+from engine.gates.runtime.compute_noise import rounding_of
 from engine.gates.runtime.controls import embedding_control, logits_control, tokenizer_control
 from engine.gates.runtime.evidence import Recorded, RuntimeEvidence, TokenizerEvidence
 from engine.gates.runtime.labelled_measure import declared_widths
@@ -175,7 +176,8 @@ def _measure(kind: ModelKind, sides: Sides, sentence: SentenceConfig, tokens_equ
         found, details["embeddings"], measured = measure_embeddings(sides, sentence, tokens_equal, policy,
                                                                     policy.thresholds(classes))
     else:
-        found, details["logits"], measured = measure_logits(sides, policy, policy.thresholds(classes))
+        found, details["logits"], measured = measure_logits(sides, policy, policy.thresholds(classes),
+                                                             rounding_of(classes))
         details["not_covered"].extend(position_gaps(details["logits"]["positions"]))
     return found, measured
 

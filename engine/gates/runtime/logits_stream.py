@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.blockers import Blocker
 from engine.gates.runtime.logit_math import compare_rows, compared
 from engine.gates.runtime.logits_parity import LogitsResult, PastMark, TextFigures, conclude, not_finite
 from engine.gates.runtime.quality import PositionStats, SourceGap, joined, stats_of
@@ -99,6 +100,9 @@ class LogitsStream:
         self.ids = [list(sequence[: found[-1][1] if found else 0]) for sequence, found in zip(ids, spans, strict=True)]
         self.candidate, self.correct, self.source, self.gap = candidate, correct, source, gap
         self.kept: KeptBlock | None = None
+        self._not_finite: list[Blocker] = []
+        self._measured: list[TextFigures] = []
+        self._past: PastMark | None = None
 
     def run(self, thresholds: RuntimeThresholds, past: PastMark | None = None) -> LogitsResult:
         """`past`: the positions past a window or original context, also judged alone (`conclude`)."""
@@ -107,15 +111,20 @@ class LogitsStream:
         blocks = plan_blocks(self.spans, rows_per_block(self.candidate.n_vocab), self.candidate.decode_batch)
         if blocks:
             self._measure(blocks, state)
-        result = LogitsResult()
+        self._not_finite = [not_finite(text) for text, found in zip(self.texts, state, strict=True)
+                            if not found.finite]
+        self._measured = [found.figures for found in state if found.finite and found.figures.positions]
+        self._past = past
         for text, found in zip(self.texts, state, strict=True):
-            if not found.finite:
-                result.blockers.append(not_finite(text))
-            elif found.figures.positions:
+            if found.finite and found.figures.positions:
                 for stats in found.gap:
                     self.gap.add_logits(text, stats)
-        return conclude(result, [found.figures for found in state if found.finite and found.figures.positions],
-                        thresholds, past)
+        return self.judge(thresholds)
+
+    def judge(self, thresholds: RuntimeThresholds) -> LogitsResult:
+        """What `run` measured, held to `thresholds` (again, when they are widened by the model's own compute
+        noise: `compute_noise.py`)."""
+        return conclude(LogitsResult(blockers=list(self._not_finite)), self._measured, thresholds, self._past)
 
     def _measure(self, blocks: list[list[Segment]], state: list[_Text]) -> None:
         """Every block through both sides: llama.cpp is always one block ahead of this process."""

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from engine.blockers import Blocker
+from engine.gates.runtime.compute_noise import measure_noise, needs_probe
 from engine.gates.runtime.embedding_parity import (
     check_embeddings,
     compare_vectors,
@@ -118,10 +119,12 @@ def measure_embeddings(sides: Sides, sentence: SentenceConfig, ids_equal: dict[s
     return result.blockers, details, measured
 
 
-def measure_logits(sides: Sides, policy: Policy,
-                   thresholds: RuntimeThresholds) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
+def measure_logits(sides: Sides, policy: Policy, thresholds: RuntimeThresholds,
+                   rounded_to: str | None = None) -> tuple[list[Blocker], dict[str, Any], RuntimeMeasurements]:
     """Every text's first `max_logit_positions` positions, and a longer text's batches past each sliding
-    window, the original context and its end (`positions.py`), streamed a block at a time."""
+    window, the original context and its end (`positions.py`), streamed a block at a time. A float file
+    (`rounded_to`: its activations' type) that fails on a distance is judged again against thresholds
+    widened to the model's own sensitivity to that rounding (`compute_noise.py`)."""
     found = sides.marks
     ids = [sides.candidate.tokenize(t.text, add_special=True, parse_special=False) for t in sides.texts]
     compared = [spans(len(sequence), policy.max_logit_positions, sides.candidate.decode_batch, found)
@@ -129,6 +132,13 @@ def measure_logits(sides: Sides, policy: Policy,
     stream = LogitsStream(sides.texts, ids, compared, sides.candidate, sides.correct, sides.source, sides.gap)
     reached = coverage([c for c, row in zip(compared, ids, strict=True) if row], found)
     result = stream.run(thresholds, past_mark(found, reached.longest_position))
+    noise: dict[str, Any] = {}
+    probe = max(stream.ids, key=len, default=[])  # the compared positions of the longest text, from its start
+    if probe and needs_probe(result.blockers, rounded_to):
+        measured_noise = measure_noise(sides.correct, probe, str(rounded_to), sides.candidate.n_vocab)
+        thresholds = measured_noise.widened(thresholds)
+        noise = measured_noise.details(thresholds)
+        result = stream.judge(thresholds)
     first = result.per_text[0] if result.per_text else None
     evidence = LogitsEvidence(kept=stream.kept, policy=policy, thresholds=thresholds)
     head = compared[0][0][1] if compared and compared[0] else 0  # gate 3 re-measures the first text's first span
@@ -147,6 +157,8 @@ def measure_logits(sides: Sides, policy: Policy,
                              "trained_context": found.trained_context}}
     if result.past_mark:
         details["past_mark"] = result.past_mark
+    if noise:
+        details["compute_noise"] = noise
     return result.blockers, details, measured
 
 
