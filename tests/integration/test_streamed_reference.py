@@ -48,7 +48,9 @@ def assert_same_outputs(source: Path, kind: str) -> None:
             expected = whole._forward(ids).logits[0].double().numpy()
             assert np.array_equal(expected, whole.logits(ids))
             assert np.array_equal(expected, streamed.logits(ids))
-            assert np.array_equal(expected[3:7], streamed.head(streamed.hidden(ids)[3:7]))
+            # 4 rows through the head against every row: BLAS may take another kernel for the smaller matrix (an
+            # AVX-512 CPU does, a few float32 ulps apart); the numbers of the same head, not of the same kernel
+            np.testing.assert_allclose(streamed.head(streamed.hidden(ids)[3:7]), expected[3:7], rtol=0, atol=2e-6)
         else:
             assert np.array_equal(whole.logits(ids), streamed.logits(ids))
     assert materialized_parameters(streamed.model) == 0
