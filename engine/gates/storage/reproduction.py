@@ -119,17 +119,28 @@ def _requantized(candidate_input: np.ndarray, info: TensorInfo, weights: np.ndar
     return ours
 
 
+def precision_order(prefer: str | None) -> tuple[str, ...]:
+    """The input precisions to try, `prefer` first. A writer quantizes a whole tensor from one input, so the
+    precision that reproduced a tensor's previous chunk reproduces the next one with a single quantization;
+    f32 first would re-quantize every block float16 rounding moved, for nothing, on each later chunk."""
+    if prefer is None:
+        return INPUT_PRECISIONS
+    return (prefer, *(precision for precision in INPUT_PRECISIONS if precision != prefer))
+
+
 def reproduce_chunk(x: np.ndarray, raw: np.ndarray, info: TensorInfo, tie_ulps: int,
-                    weights: np.ndarray | None, sample: np.ndarray | None = None) -> ChunkReproduction:
-    """Re-quantize source rows `x` (at each input precision) and count the blocks that differ from `raw`;
-    with `sample` ([block] bools over the chunk), only the sampled blocks."""
+                    weights: np.ndarray | None, sample: np.ndarray | None = None,
+                    prefer: str | None = None) -> ChunkReproduction:
+    """Re-quantize source rows `x` (at each input precision, `prefer` first) and count the blocks that differ
+    from `raw`; with `sample` ([block] bools over the chunk), only the sampled blocks. Of precisions that
+    differ in as few blocks, the first tried is named."""
     ggml_type = info.ggml_type
     raw_blocks = raw.reshape(-1, ggml_type.type_size)
     picks = None if sample is None else np.nonzero(sample)[0]
     compared = raw_blocks.shape[0] if picks is None else int(picks.size)
     best: tuple[str, np.ndarray, np.ndarray] | None = None
     first: tuple[np.ndarray, np.ndarray] | None = None  # the first precision's input and blocks, when reusable
-    for precision in INPUT_PRECISIONS:
+    for precision in precision_order(prefer):
         candidate_input = round_input(x, precision)
         if picks is None:
             ours = _requantized(candidate_input, info, weights, first)
