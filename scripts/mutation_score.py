@@ -96,6 +96,11 @@ SETS = {
         ("engine",),
         ("engine/gates/runtime/labelled_retrieval.py",),
         ("tests/unit/test_labelled_retrieval.py",)),
+    "reproduction": MutationSet(  # gate 1's re-quantization: which input precision, which blocks differ (issue 32)
+        ("engine",),
+        ("engine/gates/storage/reproduction.py",),
+        ("tests/unit/test_reproduction_reuse.py", "tests/unit/test_gate1_passes.py",
+         "tests/unit/test_tensor_check.py", "tests/unit/test_sampling.py")),
     "noise": MutationSet(  # gate 2's distance thresholds widened to a model's own rounding noise (issue 33)
         ("engine",),
         ("engine/gates/runtime/compute_noise.py", "engine/runtime/activation_rounding.py"),

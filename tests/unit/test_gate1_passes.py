@@ -54,7 +54,10 @@ def bound_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def _chunks(type_name: str, made_from: str, scale: float = 0.002) -> tuple[TensorInfo, list[tuple[np.ndarray, np.ndarray]]]:
+Chunk = tuple[np.ndarray, np.ndarray]  # source rows, their stored bytes
+
+
+def _chunks(type_name: str, made_from: str, scale: float = 0.002) -> tuple[TensorInfo, list[Chunk]]:
     ggml_type = GGML_TYPES_BY_NAME[type_name]
     info = TensorInfo("blk.0.ffn_up.weight", (4096, 64), ggml_type, 0, 0)
     chunks = []
