@@ -99,8 +99,9 @@ SETS = {
     "reproduction": MutationSet(  # gate 1's re-quantization: which input precision, which blocks differ (issue 32)
         ("engine",),
         ("engine/gates/storage/reproduction.py",),
-        ("tests/unit/test_reproduction_reuse.py", "tests/unit/test_gate1_passes.py",
-         "tests/unit/test_tensor_check.py", "tests/unit/test_sampling.py")),
+        ("tests/unit/test_reproduction_reuse.py", "tests/unit/test_gate1_passes.py", "tests/unit/test_tensor_values.py",
+         "tests/unit/test_tensor_check.py", "tests/unit/test_sampling.py", "tests/unit/test_quant_types.py",
+         "tests/unit/test_reproduction_outcomes.py")),
     "noise": MutationSet(  # gate 2's distance thresholds widened to a model's own rounding noise (issue 33)
         ("engine",),
         ("engine/gates/runtime/compute_noise.py", "engine/runtime/activation_rounding.py"),

@@ -112,3 +112,39 @@ def test_a_chunk_that_does_not_reproduce_or_was_sampled_is_bounded(type_name: st
     sample[::7] = True
     tensor_values._quantized_chunk(tensor_values._Accumulator(), x2, raw2, info, Policy(), None, sample)
     assert bound_calls == [type_name, type_name]
+
+
+def _source_with_small_values(rows: int, cols: int, seed: int) -> np.ndarray:
+    """A BF16 source with a value below float16's normal range in most blocks, so the f16 input differs."""
+    x = _bf16_source(rows, cols, seed, 0.02)
+    x[:, ::64] = round_input(np.full((rows, cols // 64), 3e-6, dtype=np.float32), "bf16")
+    x[0] = _bf16_source(1, cols, seed + 100, 2e-5)[0]  # a row of tiny weights: float16's rounding moves codes
+    return x
+
+
+def test_a_preferred_precision_orders_the_tries_and_never_drops_one() -> None:
+    """A chunk the preferred precision does not reproduce is still reproduced by the one that does."""
+    ggml_type = GGML_TYPES_BY_NAME["Q4_K"]
+    x = _source_with_small_values(8, 1024, seed=3)
+    info = TensorInfo("w", (1024, 8), ggml_type, 0, 0)
+    for made_from, prefer in (("f32", "f16"), ("f16", "bf16"), ("bf16", "f16")):
+        raw = reference.quantize(round_input(x, made_from), ggml_type).reshape(8, -1)
+        outcome = reproduction.reproduce_chunk(x, raw, info, 0, None, prefer=prefer)
+        assert outcome.mismatched == 0, (made_from, prefer, outcome)
+    assert reproduction.precision_order("f16") == ("f16", "f32", "bf16")
+    assert reproduction.precision_order(None) == reproduction.INPUT_PRECISIONS
+
+
+@pytest.mark.parametrize("made_from", ["f32", "f16"])
+def test_an_importance_weighted_k_quant_reproduces_under_its_input_precision(made_from: str) -> None:
+    """With importance weights every precision quantizes whole and weighted: the unweighted reuse of the first
+    precision's blocks is for unweighted K-quants only."""
+    ggml_type = GGML_TYPES_BY_NAME["Q4_K"]
+    x = _source_with_small_values(8, 1024, seed=4)
+    weights = np.random.default_rng(5).lognormal(0, 2, 1024).astype(np.float32)
+    raw = reference.quantize(round_input(x, made_from), ggml_type, quant_weights=weights).reshape(8, -1)
+    info = TensorInfo("w", (1024, 8), ggml_type, 0, 0)
+    outcome = reproduction.reproduce_chunk(x, raw, info, 0, weights)
+    assert (outcome.precision, outcome.mismatched) == (made_from, 0)
+    unweighted = reproduction.reproduce_chunk(x, raw, info, 0, None)
+    assert unweighted.mismatched > 0  # the weights matter here: a test that would notice them dropped
