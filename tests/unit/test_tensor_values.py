@@ -8,7 +8,7 @@ import pytest
 from engine.formats.ggml_types import GGML_TYPES_BY_NAME
 from engine.formats.gguf_structure import TensorInfo
 from engine.gates.storage import tensor_values
-from engine.gates.storage.reproduction import _is_rounding_tie
+from engine.gates.storage.reproduction import _is_rounding_tie, reproduce_chunk
 from engine.gates.storage.tensor_values import f32_to_bf16_bits, readers_agree
 from engine.quant import bounds, libggml, reference
 
@@ -108,3 +108,18 @@ def test_tie_forgiveness_stops_exactly_at_max_ulps():
         stored.view(np.int8)[2 + 1] = 2
         assert _is_rounding_tie(x, stored, INFO, max_ulps=k + 1)
         assert not _is_rounding_tie(x, stored, INFO, max_ulps=k)
+
+
+def test_a_tie_in_a_later_block_of_a_chunk_is_counted_as_a_tie_and_nothing_else():
+    """reproduce_chunk finds the one differing block among 4 rows x 8 blocks, forgives it as a tie in its own
+    block (not the row's first), and counts it once: a tie, not a mismatch."""
+    rows = np.random.default_rng(7).uniform(-100, 100, (4, 256)).astype(np.float32)
+    rows[1, 32:64] = 0.0
+    rows[1, 32], rows[1, 33] = 127.0, 2.5  # block 1 of row 1: d = 1, 2.5 on an exact tie
+    raw = reference.quantize(rows, Q8_0).reshape(4, -1).copy()
+    assert raw[1].view(np.int8)[34 + 2 + 1] == 3
+    raw[1].view(np.int8)[34 + 2 + 1] = 2
+    info = TensorInfo("t", (256, 4), Q8_0, 0, raw.size)
+    outcome = reproduce_chunk(rows, raw, info, 4, None)
+    assert (outcome.mismatched, outcome.ties, outcome.compared) == (0, 1, 32)
+    assert reproduce_chunk(rows, raw, info, 0, None).mismatched == 1  # no ulps allowed: a mismatch
