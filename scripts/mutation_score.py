@@ -144,7 +144,8 @@ def prepare(name: str, chosen: MutationSet, workdir: Path) -> Path:
         f"source_paths = {_toml_list(chosen.source_paths)}\n"
         f"only_mutate = {_toml_list(chosen.modules)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(chosen.tests)}\n"
-        'also_copy = ["tests", "service", "scripts", "engine", "edge", "migrations", "alembic.ini", "fuzz"]\n'
+        'also_copy = ["tests", "service", "scripts", "engine", "edge", "migrations", "alembic.ini", "fuzz", "docs", '
+        '"README.md", "examples", "deploy", "manifests"]\n'
         f'pytest_add_cli_args = {_toml_list(("-p", "no:cacheprovider", "-q", "-x", *timeout))}\n'
     )
     pyproject.write_text(head + section, encoding="utf-8")
