@@ -213,7 +213,10 @@ BIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_siz
        "head_dim": 64, "vocab_size": 8192, "max_position_embeddings": 512, "tie_word_embeddings": True,
        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
 PROMPT = list(range(1, 65))
-SLACK_BYTES = 64 * 2**20  # allocator rounding, the first call of each kernel, Python objects
+# allocator rounding, the first call of each kernel, Python objects: what the shapes do not give. A clean-clone
+# run on this suite's 2-core AVX-512 machine measured 146 MiB of growth over the baseline where the shapes
+# give 63 MiB (another run, 76 MiB): 64 MiB of slack failed it by 19 MiB. The whole model stays 400+ MiB above.
+SLACK_BYTES = 128 * 2**20
 
 STREAMED_BELOW = 1 << 28  # the child's resident limit: RESIDENT_BYTES (1 GiB) would keep this 0.8 GB model
 CHILD = """
