@@ -19,25 +19,7 @@ from engine.gates.storage import reproduction, tensor_values
 from engine.gates.storage.reproduction import round_input
 from engine.policy import Policy
 from engine.quant import bounds, reference
-
-
-def _bf16_source(rows: int, cols: int, seed: int, scale: float) -> np.ndarray:
-    values = (np.random.default_rng(seed).standard_normal((rows, cols)) * scale).astype(np.float32)
-    return round_input(values, "bf16")
-
-
-@pytest.fixture
-def quantized_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of blocks each call of the quantizer was given."""
-    calls: list[int] = []
-    quantize = reference.quantize
-
-    def counting(values: np.ndarray, ggml_type, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(values.size // ggml_type.block_size)
-        return quantize(values, ggml_type, **kwargs)
-
-    monkeypatch.setattr(reproduction.reference, "quantize", counting)
-    return calls
+from tests.unit.bf16_weights import bf16_source
 
 
 @pytest.fixture
@@ -62,7 +44,7 @@ def _chunks(type_name: str, made_from: str, scale: float = 0.002) -> tuple[Tenso
     info = TensorInfo("blk.0.ffn_up.weight", (4096, 64), ggml_type, 0, 0)
     chunks = []
     for seed in (1, 2):
-        x = _bf16_source(32, 4096, seed, scale)
+        x = bf16_source(32, 4096, seed, scale)
         raw = reference.quantize(round_input(x, made_from), ggml_type).reshape(32, -1).copy()
         chunks.append((x, raw))
     return info, chunks
@@ -116,9 +98,9 @@ def test_a_chunk_that_does_not_reproduce_or_was_sampled_is_bounded(type_name: st
 
 def _source_with_small_values(rows: int, cols: int, seed: int) -> np.ndarray:
     """A BF16 source with a value below float16's normal range in most blocks, so the f16 input differs."""
-    x = _bf16_source(rows, cols, seed, 0.02)
+    x = bf16_source(rows, cols, seed, 0.02)
     x[:, ::64] = round_input(np.full((rows, cols // 64), 3e-6, dtype=np.float32), "bf16")
-    x[0] = _bf16_source(1, cols, seed + 100, 2e-5)[0]  # a row of tiny weights: float16's rounding moves codes
+    x[0] = bf16_source(1, cols, seed + 100, 2e-5)[0]  # a row of tiny weights: float16's rounding moves codes
     return x
 
 

@@ -13,15 +13,9 @@ import pytest
 
 from engine.formats.ggml_types import GGML_TYPES_BY_NAME
 from engine.formats.gguf_structure import TensorInfo
-from engine.gates.storage import reproduction
 from engine.gates.storage.reproduction import INPUT_PRECISIONS, reproduce_chunk, round_input
 from engine.quant import reference
-
-
-def _bf16_source(rows: int, cols: int, seed: int, scale: float = 0.02) -> np.ndarray:
-    """Weights as a BF16 checkpoint holds them, widened: a trained-like scale, so some fall below 2^-14."""
-    values = (np.random.default_rng(seed).standard_normal((rows, cols)) * scale).astype(np.float32)
-    return round_input(values, "bf16")
+from tests.unit.bf16_weights import bf16_source
 
 
 def _whole(x: np.ndarray, raw: np.ndarray, type_name: str) -> tuple[str, int]:
@@ -40,23 +34,9 @@ def _whole(x: np.ndarray, raw: np.ndarray, type_name: str) -> tuple[str, int]:
     return best
 
 
-@pytest.fixture
-def quantized_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of blocks each call of the quantizer was given."""
-    calls: list[int] = []
-    quantize = reference.quantize
-
-    def counting(values: np.ndarray, ggml_type, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(values.size // ggml_type.block_size)
-        return quantize(values, ggml_type, **kwargs)
-
-    monkeypatch.setattr(reproduction.reference, "quantize", counting)
-    return calls
-
-
 def test_an_f16_made_from_a_bf16_source_is_quantized_again_only_where_the_inputs_differ(
         quantized_blocks: list[int]) -> None:
-    x = _bf16_source(64, 4096, seed=1, scale=0.002)  # 408 of 1,024 blocks hold a value float16 rounds
+    x = bf16_source(64, 4096, seed=1, scale=0.002)  # 408 of 1,024 blocks hold a value float16 rounds
     ggml_type = GGML_TYPES_BY_NAME["Q4_K"]
     raw = reference.quantize(round_input(x, "f16"), ggml_type).reshape(64, -1)
     blocks = x.size // ggml_type.block_size
@@ -72,7 +52,7 @@ def test_an_f16_made_from_a_bf16_source_is_quantized_again_only_where_the_inputs
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K"])
 @pytest.mark.parametrize("made_from", ["f32", "f16", "bf16", "one block changed"])
 def test_the_outcome_is_that_of_quantizing_every_input_whole(type_name: str, made_from: str) -> None:
-    x = _bf16_source(8, 512, seed=len(type_name) + len(made_from))
+    x = bf16_source(8, 512, seed=len(type_name) + len(made_from))
     x[0, :3] = np.float32(3e-6)  # below float16's normal range, in the first block
     ggml_type = GGML_TYPES_BY_NAME[type_name]
     precision = "f16" if made_from == "one block changed" else made_from
