@@ -19,7 +19,7 @@ from engine.gates.storage import reproduction, tensor_values
 from engine.gates.storage.reproduction import round_input
 from engine.policy import Policy
 from engine.quant import bounds, reference
-from tests.unit.bf16_weights import bf16_source
+from tests.unit.reproduction_inputs import bf16_source, q8_chunk
 
 
 @pytest.fixture
@@ -132,23 +132,11 @@ def test_an_importance_weighted_k_quant_reproduces_under_its_input_precision(mad
     assert unweighted.mismatched > 0  # the weights matter here: a test that would notice them dropped
 
 
-def _q8_chunk(seed: int, tie: bool = False) -> Chunk:
-    """4 rows of 256 values as Q8_0 (32 blocks); with `tie`, block 1 of row 1 stores 2.5 rounded the other way."""
-    rows = np.random.default_rng(seed).uniform(-100, 100, (4, 256)).astype(np.float32)
-    raw = reference.quantize(rows, GGML_TYPES_BY_NAME["Q8_0"]).reshape(4, -1).copy()
-    if tie:
-        rows[1, 32:64] = 0.0
-        rows[1, 32], rows[1, 33] = 127.0, 2.5
-        raw = reference.quantize(rows, GGML_TYPES_BY_NAME["Q8_0"]).reshape(4, -1).copy()
-        raw[1].view(np.int8)[34 + 2 + 1] -= 1
-    return rows, raw
-
-
 def test_a_tensors_chunks_add_up_mismatches_ties_and_blocks() -> None:
     """Each chunk's outcome is added to the tensor's, never put in place of it: a mismatch in the first
     chunk, a tie in the second and a clean third make one mismatch, one tie and every block counted."""
     info = TensorInfo("blk.0.ffn_up.weight", (256, 12), GGML_TYPES_BY_NAME["Q8_0"], 0, 0)
-    changed, tied, clean = _q8_chunk(1), _q8_chunk(2, tie=True), _q8_chunk(3)
+    changed, tied, clean = q8_chunk(1), q8_chunk(2, tie=True), q8_chunk(3)
     changed[1][2, 40] ^= 0x01
     acc = tensor_values._Accumulator()
     for x, raw in (changed, tied, clean):
@@ -160,7 +148,7 @@ def test_a_sampled_tensor_counts_the_blocks_it_compared_apart_from_all_it_holds(
     info = TensorInfo("blk.0.ffn_up.weight", (256, 8), GGML_TYPES_BY_NAME["Q8_0"], 0, 0)
     acc = tensor_values._Accumulator()
     for seed in (4, 5):
-        x, raw = _q8_chunk(seed)
+        x, raw = q8_chunk(seed)
         raw[0, 5] ^= 0x01  # block 0: not sampled below, so not compared
         sample = np.zeros(32, dtype=bool)
         sample[8:13] = True

@@ -15,7 +15,7 @@ from engine.formats.ggml_types import GGML_TYPES_BY_NAME
 from engine.formats.gguf_structure import TensorInfo
 from engine.gates.storage.reproduction import INPUT_PRECISIONS, reproduce_chunk, round_input
 from engine.quant import reference
-from tests.unit.bf16_weights import bf16_source
+from tests.unit.reproduction_inputs import bf16_source
 
 
 def _whole(x: np.ndarray, raw: np.ndarray, type_name: str) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from engine.gates.storage import tensor_values
 from engine.gates.storage.reproduction import _is_rounding_tie, reproduce_chunk
 from engine.gates.storage.tensor_values import f32_to_bf16_bits, readers_agree
 from engine.quant import bounds, libggml, reference
+from tests.unit.reproduction_inputs import q8_chunk
 
 Q8_0 = GGML_TYPES_BY_NAME["Q8_0"]
 INFO = TensorInfo("t", (32,), Q8_0, 0, 34)
@@ -113,12 +114,7 @@ def test_tie_forgiveness_stops_exactly_at_max_ulps():
 def test_a_tie_in_a_later_block_of_a_chunk_is_counted_as_a_tie_and_nothing_else():
     """reproduce_chunk finds the one differing block among 4 rows x 8 blocks, forgives it as a tie in its own
     block (not the row's first), and counts it once: a tie, not a mismatch."""
-    rows = np.random.default_rng(7).uniform(-100, 100, (4, 256)).astype(np.float32)
-    rows[1, 32:64] = 0.0
-    rows[1, 32], rows[1, 33] = 127.0, 2.5  # block 1 of row 1: d = 1, 2.5 on an exact tie
-    raw = reference.quantize(rows, Q8_0).reshape(4, -1).copy()
-    assert raw[1].view(np.int8)[34 + 2 + 1] == 3
-    raw[1].view(np.int8)[34 + 2 + 1] = 2
+    rows, raw = q8_chunk(7, tie=True)  # block 1 of row 1: 2.5 on an exact tie, stored rounded down
     info = TensorInfo("t", (256, 4), Q8_0, 0, raw.size)
     outcome = reproduce_chunk(rows, raw, info, 4, None)
     assert (outcome.mismatched, outcome.ties, outcome.compared) == (0, 1, 32)
