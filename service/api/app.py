@@ -19,7 +19,7 @@ from sqlalchemy import exc as db_errors
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page
+from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page, submission
 from service.api import attestations as attestation_endpoint
 from service.api.deps import admitted, bearer, principal_for
 from service.api.event_stream import StreamSlots
@@ -39,6 +39,7 @@ from service.persistence.db import (
     request_unit,
     session_factory,
 )
+from service.schemas import SubmitRequest
 from service.ticker import Ticker
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,11 @@ def create_app(settings: Settings, *, loops: Loops | None = None) -> FastAPI:
     app.state.ui_sessions = UiSessions(settings)
     app.state.stream_slots = StreamSlots(settings.max_streams, settings.max_streams_per_principal)
     app.state.stopping = threading.Event()  # set when the server is told to stop: open streams end
-    for module in (endpoints, access_log, queue_page, exports, pages_auditor, attestation_endpoint):
+    for module in (submission, endpoints, access_log, queue_page, exports, pages_auditor, attestation_endpoint):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     errors.install(app)
+    app.openapi = submission.documented(app, SubmitRequest)  # type: ignore[method-assign]
     registry = make_registry(factory, pool=settings.concurrency if settings.dispatcher == "local" else None)
     app.state.http_metrics = http_metrics = HttpMetrics(registry)
     app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # outermost: every answer is timed

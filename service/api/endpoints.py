@@ -9,7 +9,6 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Resp
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from service import callbacks, queue, reading, verifications
 from service.api import access_log
@@ -17,8 +16,7 @@ from service.api.deps import AsyncSessionDep, Principal, SettingsDep, bearer, ca
 from service.api.errors import ERRORS
 from service.api.event_stream import MEDIA_TYPE, event_stream
 from service.api.units import json_response, one_trip
-from service.auth import AUTHOR_POLICIES, CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT, digest
-from service.config import Settings
+from service.auth import CANCEL, OPERATE, OWN_ONLY, READ_OWN_OR_ANY, SUBMIT, digest
 from service.lifecycle import State
 from service.persistence.db import begin_read
 from service.persistence.models import Verification
@@ -32,7 +30,6 @@ from service.schemas import (
     EventOut,
     Moment,
     QueueOut,
-    SubmitRequest,
     VerificationList,
     VerificationOut,
 )
@@ -51,40 +48,6 @@ def _visible(session: Session, verification_id: str, principal: Principal) -> Ve
     if verification is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such verification")
     return verification
-
-
-@router.post("/verifications", status_code=status.HTTP_202_ACCEPTED, response_model=VerificationOut,
-             responses={200: {"model": VerificationOut, "description": "a repeat of an Idempotency-Key"},
-                        409: {"model": ERRORS[400]["model"], "description": "Idempotency-Key used for another"}})
-async def create_verification(
-    body: SubmitRequest, session: AsyncSessionDep, settings: SettingsDep,
-    principal: Annotated[Principal, require_on_loop(SUBMIT)],
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200, pattern=PRINTABLE)] = None,
-) -> Response:
-    """The busiest write, on the event loop: its ORM code runs in the async session's greenlet, which waits
-    on the database's socket, not in a pool thread (no thread hand-off per request), and renders the
-    answer's JSON there too (returning the model would have FastAPI validate it again). The principal is
-    looked up first, by its dependency: a bad token is a 401 before the body is looked at. Admitting a
-    body that names a host or a file may block (DNS, a mount): that, and only that, goes to a pool thread."""
-    may_author = principal.role in AUTHOR_POLICIES  # a refusal is the error's own status and code (api/errors)
-    if verifications.may_block(body):
-        await session.commit()  # the token's read ends first: no connection is held while admission waits
-        admitted = await run_in_threadpool(verifications.admit, settings, body, may_author_policies=may_author)
-    else:
-        admitted = verifications.admit(settings, body, may_author_policies=may_author)
-    answer = await session.run_sync(_store, admitted, settings, principal, idempotency_key)
-    # Committed here, before answering: concurrent duplicates wait on this row's unique-index lock.
-    await session.commit()
-    return answer
-
-
-def _store(session: Session, admitted: verifications.Admitted, settings: Settings, principal: Principal,
-           idempotency_key: str | None) -> Response:
-    verification, created = verifications.submit(session, settings, principal.name, admitted, idempotency_key,
-                                                  may_read_all=principal.role not in OWN_ONLY)
-    answer = verifications.to_out(session, verification).model_dump_json().encode()
-    return Response(answer, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
-                    headers={"Location": f"/v1/verifications/{verification.id}"}, media_type="application/json")
 
 
 @router.get("/verifications/{verification_id}", response_model=VerificationOut)

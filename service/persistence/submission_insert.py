@@ -26,11 +26,12 @@ def insert_queued(session: Session, row: dict[str, Any]) -> bool:
     """Insert the queued verification `row` and its event; False (nothing written) when the unique
     index on (submitted_by, idempotency_key) already holds the key: ON CONFLICT DO NOTHING waits for a
     concurrent duplicate to commit or roll back instead of failing, so no savepoint and no SELECT first."""
-    if session.get_bind().dialect.name == "postgresql":
-        return session.scalar(_with_event(tuple(sorted(row))), row) is not None
-    if session.scalar(_SQLITE_UNLESS_KNOWN, row) is None:
+    connection = session.connection()  # Core on the session's connection: no ORM execution for Core SQL
+    if connection.dialect.name == "postgresql":
+        return connection.scalar(_with_event(tuple(sorted(row))), row) is not None
+    if connection.scalar(_SQLITE_UNLESS_KNOWN, row) is None:
         return False
-    session.execute(_SQLITE_EVENT, {"verification_id": row["id"], "at": row["created_at"], "from_state": None,
+    connection.execute(_SQLITE_EVENT, {"verification_id": row["id"], "at": row["created_at"], "from_state": None,
                                     "to_state": State.QUEUED, "attempt": 0, "message": "submitted",
                                     "reason_code": Reason.SUBMITTED})
     return True

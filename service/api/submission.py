@@ -1,0 +1,130 @@
+"""POST /v1/verifications, the busiest write, without FastAPI's dependency machinery.
+
+Declared parameters cost more than the work they guard on this route: resolving the session, the principal
+and the settings as dependencies (an exit stack for the session's teardown, a nested dependency per level)
+was 10% of a submission's CPU and opening a second session for the token twice that
+(`scripts/bench_api.py`, py-spy). So the endpoint takes the request and does, in this order, what the
+declarations did:
+
+1. the body is read (before any connection is taken: a slow upload holds none);
+2. the bearer token is looked up in the request's own async session: a bad token is a 401 before the body
+   or a header is looked at;
+3. the Idempotency-Key header and the body are validated by the same pydantic types, and refused as FastAPI
+   refuses them (`RequestValidationError`, `loc` starting "header" or "body": one 422 shape for every
+   route, `service.api.errors`);
+4. the submission is admitted and stored in the same session, committed before the answer.
+
+The body's schema is still the API's: `openapi_extra` names SubmitRequest, which `documented` adds to the
+document's components.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, FastAPI, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from service import verifications
+from service.api.deps import Principal, admitted, bearer, principal_for
+from service.api.errors import ERRORS
+from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT
+from service.config import Settings
+from service.schemas import PRINTABLE, SubmitRequest, VerificationOut
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+IDEMPOTENCY_KEY = "Idempotency-Key"
+_IDEMPOTENCY_KEY = TypeAdapter(Annotated[str, Field(max_length=200, pattern=PRINTABLE)])
+_SCHEMA_REF = "#/components/schemas/{model}"
+_DOCUMENTED = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "$ref": _SCHEMA_REF.format(model=SubmitRequest.__name__)}}}},
+    "parameters": [{"name": IDEMPOTENCY_KEY, "in": "header", "required": False, "schema": {
+        "anyOf": [_IDEMPOTENCY_KEY.json_schema(), {"type": "null"}], "title": IDEMPOTENCY_KEY}}],
+}
+
+
+def _refused(where: str, exc: ValidationError, *prefix: str) -> RequestValidationError:
+    """`exc` as FastAPI's own refusal of a parameter: every error's location starts with `where`."""
+    return RequestValidationError([{**error, "loc": (where, *prefix, *error["loc"])}
+                                   for error in exc.errors(include_url=False)])
+
+
+def _body(raw: bytes) -> SubmitRequest:
+    try:
+        return SubmitRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _refused("body", exc) from exc
+
+
+def _idempotency_key(request: Request) -> str | None:
+    value = request.headers.get(IDEMPOTENCY_KEY)
+    if value is None:
+        return None
+    try:
+        return _IDEMPOTENCY_KEY.validate_python(value)
+    except ValidationError as exc:
+        raise _refused("header", exc, IDEMPOTENCY_KEY) from exc
+
+
+@router.post("/verifications", status_code=status.HTTP_202_ACCEPTED, response_model=VerificationOut,
+             openapi_extra=_DOCUMENTED,
+             responses={200: {"model": VerificationOut, "description": "a repeat of an Idempotency-Key"},
+                        409: {"model": ERRORS[400]["model"], "description": "Idempotency-Key used for another"}})
+async def create_verification(request: Request) -> Response:
+    """The submission, on the event loop: its ORM code runs in the async session's greenlet, which waits on
+    the database's socket, not in a pool thread, and renders the answer's JSON there too (returning the model
+    would have FastAPI validate it again). Admitting a body that names a host or a file may block (DNS, a
+    mount): that, and only that, goes to a pool thread, with no transaction open."""
+    settings: Settings = request.app.state.settings
+    raw = await request.body()
+    async with request.app.state.async_session_factory() as session:
+        try:
+            principal = admitted(await session.run_sync(principal_for, bearer(request)), SUBMIT)
+            idempotency_key, body = _idempotency_key(request), _body(raw)
+            may_author = principal.role in AUTHOR_POLICIES  # a refusal is its error's status and code (api/errors)
+            if verifications.may_block(body):
+                await session.commit()  # the token's read ends first: no connection is held while admission waits
+                submission = await run_in_threadpool(verifications.admit, settings, body,
+                                                     may_author_policies=may_author)
+            else:
+                submission = verifications.admit(settings, body, may_author_policies=may_author)
+            answer = await session.run_sync(_store, submission, settings, principal, idempotency_key)
+            # Committed here, before answering: concurrent duplicates wait on this row's unique-index lock.
+            await session.commit()
+            return answer
+        finally:
+            with anyio.CancelScope(shield=True):
+                await session.close()  # rolls back whatever was not committed
+
+
+def _store(session: Session, submission: verifications.Admitted, settings: Settings, principal: Principal,
+           idempotency_key: str | None) -> Response:
+    verification, created = verifications.submit(session, settings, principal.name, submission, idempotency_key,
+                                                  may_read_all=principal.role not in OWN_ONLY)
+    answer = verifications.to_out(session, verification).model_dump_json().encode()
+    return Response(answer, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
+                    headers={"Location": f"/v1/verifications/{verification.id}"}, media_type="application/json")
+
+
+def documented(app: FastAPI, *models: type[BaseModel]) -> Callable[[], dict[str, Any]]:
+    """The app's OpenAPI document with `models` (bodies a route validates itself) among its components."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = generate()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                schema = model.model_json_schema(ref_template=_SCHEMA_REF, mode="validation")
+                for name, definition in schema.pop("$defs", {}).items():
+                    schemas.setdefault(name, definition)
+                schemas.setdefault(model.__name__, schema)
+            app.openapi_schema = document
+        return app.openapi_schema
+    return openapi
