@@ -1,0 +1,84 @@
+"""The report row check_tensor writes, field by field, where the field depends on the kind of check: a float
+tensor has no quantized fields, a sampled K-quant says how many blocks it compared out of how many, an
+importance-weighted one names the reproducer that takes the weights. An auditor reads these rows to know
+what was proven of each tensor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from engine.formats.ggml_types import GGML_TYPES_BY_NAME
+from engine.formats.gguf_structure import TensorInfo
+from engine.formats.source import open_source
+from engine.gates.storage.tensor_values import check_tensor
+from engine.policy import Policy
+from engine.quant import reference
+from engine.quant.sampling import block_sample
+from tests.unit.test_tensor_check import COLS, ROWS, weights
+
+SEED = "0123456789abcdef" * 4
+NAME = "blk.0.w"
+BLOCKS = ROWS * COLS // 256  # super-blocks of a K-quant
+
+
+def run(tmp_path: Path, values: np.ndarray, type_name: str, stored: bytes, policy: Policy | None = None, *,
+        quant_weights: np.ndarray | None = None, sample_seed: str | None = None):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "test"}))
+    save_file({"w": values}, str(tmp_path / "model.safetensors"))
+    file_bytes = np.frombuffer(stored, dtype=np.uint8)
+    info = TensorInfo(NAME, (COLS, ROWS), GGML_TYPES_BY_NAME[type_name], 0, len(stored))
+    return check_tensor(file_bytes, info, open_source(tmp_path).tensors["w"], None, policy or Policy(),
+                        quant_weights=quant_weights, sample_seed=sample_seed)
+
+
+def test_a_float_tensor_has_none_of_the_quantized_fields(tmp_path):
+    x = weights()
+    row, blockers = run(tmp_path, x, "F16", x.astype(np.float16).tobytes(), sample_seed=SEED)
+    assert blockers == []
+    quantized_fields = (row.reproducer, row.input_precision, row.bound, row.bound_violations, row.reader_crosscheck,
+                        row.blocks, row.sampled_from, row.not_reproduced)
+    assert quantized_fields == (None,) * 8
+    assert (row.check, row.ties_forgiven, row.result) == ("bit-exact", 0, "ok")
+
+
+def test_a_sampled_k_quant_counts_the_blocks_it_compared_and_all_it_holds(tmp_path):
+    x = weights(1)
+    stored = reference.quantize(x, GGML_TYPES_BY_NAME["Q4_K"]).tobytes()
+    half = Policy(reproduce_sample=0.5)
+    chosen = int(block_sample(SEED, NAME, BLOCKS, 0.5).sum())
+    assert 0 < chosen < BLOCKS  # the seed draws a real sample of this tensor
+    row, blockers = run(tmp_path, x, "Q4_K", stored, half, sample_seed=SEED)
+    assert blockers == [] and row.check == "reproduced"
+    assert (row.blocks, row.sampled_from) == (chosen, BLOCKS)
+    assert type(row.blocks) is int and type(row.sampled_from) is int  # counts, as the report's schema has them
+    assert row.reproducer == reference.reproducer_name(GGML_TYPES_BY_NAME["Q4_K"]) and row.bound is not None
+
+
+def test_no_sample_without_a_seed_a_whole_policy_or_a_reproduction(tmp_path):
+    x = weights(1)
+    stored = reference.quantize(x, GGML_TYPES_BY_NAME["Q4_K"]).tobytes()
+    for policy, seed in ((Policy(reproduce_sample=0.5), None), (Policy(), SEED),
+                         (Policy(reproduce_sample=0.5, reproduce_quantized=False), SEED)):
+        row, _ = run(tmp_path, x, "Q4_K", stored, policy, sample_seed=seed)
+        assert (row.blocks, row.sampled_from) == (BLOCKS, None), policy
+
+
+def test_an_importance_weighted_tensor_names_the_reproducer_that_takes_the_weights(tmp_path):
+    x = weights(2)
+    imatrix = np.linspace(0.5, 2.0, COLS, dtype=np.float32)
+    q4_k = GGML_TYPES_BY_NAME["Q4_K"]
+    stored = reference.quantize(x, q4_k, quant_weights=imatrix).tobytes()
+    row, blockers = run(tmp_path, x, "Q4_K", stored, quant_weights=imatrix)
+    assert blockers == [] and row.check == "reproduced"
+    assert row.reproducer == reference.reproducer_name(q4_k, True) == "libggml"
+    q8_0 = GGML_TYPES_BY_NAME["Q8_0"]
+    assert reference.reproducer_name(q8_0, True) != reference.reproducer_name(q8_0, False)
+    weighted_q8, _ = run(tmp_path, x, "Q8_0", reference.quantize(x, q8_0, quant_weights=imatrix).tobytes(),
+                         quant_weights=imatrix)
+    assert weighted_q8.reproducer == "libggml"
+    float_row, _ = run(tmp_path, x, "F16", x.astype(np.float16).tobytes(), quant_weights=imatrix)
+    assert float_row.reproducer is None  # weights are for quantizers: a float tensor is compared as it is
