@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
 from engine.formats.ggml_types import GGML_TYPES_BY_NAME
@@ -18,6 +19,7 @@ from engine.gates.storage.tensor_values import check_tensor
 from engine.policy import Policy
 from engine.quant import reference
 from engine.quant.sampling import block_sample
+from tests.unit.reproduction_inputs import q8_chunk
 from tests.unit.test_tensor_check import COLS, ROWS, weights
 
 SEED = "0123456789abcdef" * 4
@@ -82,3 +84,46 @@ def test_an_importance_weighted_tensor_names_the_reproducer_that_takes_the_weigh
     assert weighted_q8.reproducer == "libggml"
     float_row, _ = run(tmp_path, x, "F16", x.astype(np.float16).tobytes(), quant_weights=imatrix)
     assert float_row.reproducer is None  # weights are for quantizers: a float tensor is compared as it is
+
+
+def test_a_bounded_row_names_its_bound_and_no_reproducer(tmp_path):
+    x = weights()
+    q8_0 = GGML_TYPES_BY_NAME["Q8_0"]
+    row, blockers = run(tmp_path, x, "Q8_0", reference.quantize(x, q8_0).tobytes(), Policy(reproduce_quantized=False))
+    assert blockers == [] and row.check == "bounded"
+    assert row.reproducer is None and row.bound is not None and row.bound_violations == 0
+
+
+def test_the_block_counts_add_up_across_chunks_as_integers(tmp_path, monkeypatch):
+    from engine.gates.storage import tensor_values
+
+    monkeypatch.setattr(tensor_values, "CHUNK_ELEMENTS", COLS)  # one row per chunk
+    x = weights()
+    row, _ = run(tmp_path, x, "Q8_0", reference.quantize(x, GGML_TYPES_BY_NAME["Q8_0"]).tobytes())
+    assert row.blocks == ROWS * COLS // 32 and type(row.blocks) is int
+    bounded, _ = run(tmp_path, x, "Q8_0", reference.quantize(x, GGML_TYPES_BY_NAME["Q8_0"]).tobytes(),
+                     Policy(reproduce_quantized=False))
+    assert bounded.blocks == ROWS * COLS // 32 and type(bounded.blocks) is int
+    q4_k = reference.quantize(x, GGML_TYPES_BY_NAME["Q4_K"]).tobytes()
+    sampled, _ = run(tmp_path, x, "Q4_K", q4_k, Policy(reproduce_sample=0.5), sample_seed=SEED)
+    assert (sampled.blocks, sampled.sampled_from) == (int(block_sample(SEED, NAME, BLOCKS, 0.5).sum()), BLOCKS)
+    assert type(sampled.sampled_from) is int
+
+
+def test_a_forgiven_rounding_tie_is_counted_in_the_row(tmp_path):
+    rows, raw = q8_chunk(3, tie=True)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "test"}))
+    save_file({"w": rows}, str(tmp_path / "model.safetensors"))
+    info = TensorInfo(NAME, (rows.shape[1], rows.shape[0]), GGML_TYPES_BY_NAME["Q8_0"], 0, raw.size)
+    row, blockers = check_tensor(raw.reshape(-1), info, open_source(tmp_path).tensors["w"], None, Policy())
+    assert blockers == [] and (row.ties_forgiven, row.mismatched) == (1, 0)
+
+
+def test_a_type_no_check_exists_for_is_refused_by_name(tmp_path):
+    from engine.errors import UnsupportedTypeError
+
+    i32 = GGML_TYPES_BY_NAME["I32"]
+    info = TensorInfo(NAME, (4,), i32, 0, 16)
+    with pytest.raises(UnsupportedTypeError) as refused:
+        check_tensor(np.zeros(16, np.uint8), info, None, None, Policy())  # type: ignore[arg-type]
+    assert str(refused.value) == f"{NAME} is stored as I32; no check exists for that type"
