@@ -9,9 +9,10 @@ declarations did:
 1. the body is read (before any connection is taken: a slow upload holds none);
 2. the bearer token is looked up in the request's own async session: a bad token is a 401 before the body
    or a header is looked at;
-3. the Idempotency-Key header and the body are validated by the same pydantic types, and refused as FastAPI
-   refuses them (`RequestValidationError`, `loc` starting "header" or "body": one 422 shape for every
-   route, `service.api.errors`);
+3. the Idempotency-Key header and the body are validated by the same pydantic types (the body read as JSON
+   only under a JSON media type, FastAPI's strict content type), and refused as FastAPI refuses them
+   (`RequestValidationError`, `loc` starting "header" or "body": one 422 shape for every route,
+   `service.api.errors`);
 4. the submission is admitted and stored in the same session, committed before the answer.
 
 The body's schema is still the API's: `openapi_extra` names SubmitRequest, which `documented` adds to the
@@ -20,6 +21,7 @@ document's components.
 
 from __future__ import annotations
 
+import email.message
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -55,9 +57,23 @@ def _refused(where: str, exc: ValidationError, *prefix: str) -> RequestValidatio
                                    for error in exc.errors(include_url=False)])
 
 
-def _body(raw: bytes) -> SubmitRequest:
+def _declared_json(content_type: str | None) -> bool:
+    """Whether the body is declared JSON (application/json or application/*+json), as FastAPI's strict content
+    type requires before it parses a body: a form or text/plain POST, which a browser sends cross-site without
+    a preflight, is never read as JSON."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def _body(raw: bytes, content_type: str | None) -> SubmitRequest:
     try:
-        return SubmitRequest.model_validate_json(raw)
+        if _declared_json(content_type):
+            return SubmitRequest.model_validate_json(raw)
+        return SubmitRequest.model_validate(raw)  # bytes are not an object: refused as FastAPI refuses them
     except ValidationError as exc:
         raise _refused("body", exc) from exc
 
@@ -86,7 +102,7 @@ async def create_verification(request: Request) -> Response:
     async with request.app.state.async_session_factory() as session:
         try:
             principal = admitted(await session.run_sync(principal_for, bearer(request)), SUBMIT)
-            idempotency_key, body = _idempotency_key(request), _body(raw)
+            idempotency_key, body = _idempotency_key(request), _body(raw, request.headers.get("content-type"))
             may_author = principal.role in AUTHOR_POLICIES  # a refusal is its error's status and code (api/errors)
             if verifications.may_block(body):
                 await session.commit()  # the token's read ends first: no connection is held while admission waits

@@ -84,3 +84,25 @@ def test_the_openapi_document_names_the_body_and_the_header(api):
     assert "Policy" in schemas and "LabelledSetDocument" in schemas  # what the body's schema refers to
     assert [(p["name"], p["in"]) for p in operation["parameters"]] == [("Idempotency-Key", "header")]
     assert {"maxLength": 200} .items() <= operation["parameters"][0]["schema"]["anyOf"][0].items()
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x"])
+def test_a_body_not_declared_json_is_refused_as_fastapi_refuses_it(api, content_type):
+    """FastAPI parses a body as JSON only under a JSON media type (its strict content type): a cross-site form or
+    text/plain POST, which a browser sends without a preflight, is never read as a submission."""
+    import json
+
+    headers = {"Content-Type": content_type} if content_type else {}
+    answer = api.post("/v1/verifications", content=json.dumps(body()).encode(), headers=headers)
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"] == ["body"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
+                                          "application/vnd.convgate+json"])
+def test_a_json_media_type_is_read(api, content_type):
+    import json
+
+    answer = api.post("/v1/verifications", content=json.dumps(body()).encode(), headers={"Content-Type": content_type})
+    assert answer.status_code == 202
