@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from engine.gates.expectation import NO_DEFAULT
 from engine.gates.hyperparameters import (
     ROPE_FREQ_BASE_DEFAULT,
     common_hyperparameters,
@@ -20,12 +19,13 @@ from engine.gates.hyperparameters import (
     sliding_rope_theta,
     underivable_rope_scaling,
 )
+from tests.unit.test_metadata_derivations import table
 
 
 def derived(config: dict[str, Any]) -> dict[str, tuple[Any, str, bool, Any]]:
     """key (without the architecture) -> (expected, origin, is_float, default or None)."""
-    return {e.key.removeprefix("a."): (e.expected, e.origin, e.is_float, None if e.default is NO_DEFAULT else e.default)
-            for e in common_hyperparameters("a", config)}
+    return {key.removeprefix("a."): (expected, origin, is_float, default)
+            for key, expected, origin, is_float, default, _optional in table(common_hyperparameters("a", config))}
 
 
 def test_first_field_takes_the_first_present_and_not_null_in_the_converters_order():

@@ -25,15 +25,19 @@ def weights(seed: int = 0) -> np.ndarray:
 
 
 def run(tmp_path: Path, source_values: np.ndarray, type_name: str, stored: bytes,
-        transform: RowTransform | None = None, policy: Policy | None = None):
+        transform: RowTransform | None = None, policy: Policy | None = None, *,
+        quant_weights: np.ndarray | None = None, sample_seed: str | None = None):
+    """check_tensor of `stored` as tensor blk.0.w, of the source's [rows, cols] shape, 16 bytes into the file."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "test"}))
     save_file({"w": source_values}, str(tmp_path / "model.safetensors"))
     source = open_source(tmp_path)
     ggml = GGML_TYPES_BY_NAME[type_name]
     pad = 16
     file_bytes = np.frombuffer(bytes(pad) + stored, dtype=np.uint8)
-    info = TensorInfo("blk.0.w", (COLS, ROWS), ggml, pad, len(stored))
-    return check_tensor(file_bytes, info, source.tensors["w"], transform, policy or Policy())
+    rows, cols = source_values.shape
+    info = TensorInfo("blk.0.w", (cols, rows), ggml, pad, len(stored))
+    return check_tensor(file_bytes, info, source.tensors["w"], transform, policy or Policy(),
+                        quant_weights=quant_weights, sample_seed=sample_seed)
 
 
 def codes(blockers) -> list[str]:

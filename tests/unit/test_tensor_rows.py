@@ -5,36 +5,21 @@ what was proven of each tensor."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from engine.formats.ggml_types import GGML_TYPES_BY_NAME
 from engine.formats.gguf_structure import TensorInfo
-from engine.formats.source import open_source
 from engine.gates.storage.tensor_values import check_tensor
 from engine.policy import Policy
 from engine.quant import reference
 from engine.quant.sampling import block_sample
 from tests.unit.reproduction_inputs import q8_chunk
-from tests.unit.test_tensor_check import COLS, ROWS, weights
+from tests.unit.test_tensor_check import COLS, ROWS, run, weights
 
 SEED = "0123456789abcdef" * 4
-NAME = "blk.0.w"
+NAME = "blk.0.w"  # the tensor test_tensor_check.run checks
 BLOCKS = ROWS * COLS // 256  # super-blocks of a K-quant
-
-
-def run(tmp_path: Path, values: np.ndarray, type_name: str, stored: bytes, policy: Policy | None = None, *,
-        quant_weights: np.ndarray | None = None, sample_seed: str | None = None):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "test"}))
-    save_file({"w": values}, str(tmp_path / "model.safetensors"))
-    file_bytes = np.frombuffer(stored, dtype=np.uint8)
-    info = TensorInfo(NAME, (COLS, ROWS), GGML_TYPES_BY_NAME[type_name], 0, len(stored))
-    return check_tensor(file_bytes, info, open_source(tmp_path).tensors["w"], None, policy or Policy(),
-                        quant_weights=quant_weights, sample_seed=sample_seed)
 
 
 def test_a_float_tensor_has_none_of_the_quantized_fields(tmp_path):
@@ -53,7 +38,7 @@ def test_a_sampled_k_quant_counts_the_blocks_it_compared_and_all_it_holds(tmp_pa
     half = Policy(reproduce_sample=0.5)
     chosen = int(block_sample(SEED, NAME, BLOCKS, 0.5).sum())
     assert 0 < chosen < BLOCKS  # the seed draws a real sample of this tensor
-    row, blockers = run(tmp_path, x, "Q4_K", stored, half, sample_seed=SEED)
+    row, blockers = run(tmp_path, x, "Q4_K", stored, policy=half, sample_seed=SEED)
     assert blockers == [] and row.check == "reproduced"
     assert (row.blocks, row.sampled_from) == (chosen, BLOCKS)
     assert type(row.blocks) is int and type(row.sampled_from) is int  # counts, as the report's schema has them
@@ -65,7 +50,7 @@ def test_no_sample_without_a_seed_a_whole_policy_or_a_reproduction(tmp_path):
     stored = reference.quantize(x, GGML_TYPES_BY_NAME["Q4_K"]).tobytes()
     for policy, seed in ((Policy(reproduce_sample=0.5), None), (Policy(), SEED),
                          (Policy(reproduce_sample=0.5, reproduce_quantized=False), SEED)):
-        row, _ = run(tmp_path, x, "Q4_K", stored, policy, sample_seed=seed)
+        row, _ = run(tmp_path, x, "Q4_K", stored, policy=policy, sample_seed=seed)
         assert (row.blocks, row.sampled_from) == (BLOCKS, None), policy
 
 
@@ -89,7 +74,8 @@ def test_an_importance_weighted_tensor_names_the_reproducer_that_takes_the_weigh
 def test_a_bounded_row_names_its_bound_and_no_reproducer(tmp_path):
     x = weights()
     q8_0 = GGML_TYPES_BY_NAME["Q8_0"]
-    row, blockers = run(tmp_path, x, "Q8_0", reference.quantize(x, q8_0).tobytes(), Policy(reproduce_quantized=False))
+    row, blockers = run(tmp_path, x, "Q8_0", reference.quantize(x, q8_0).tobytes(),
+                        policy=Policy(reproduce_quantized=False))
     assert blockers == [] and row.check == "bounded"
     assert row.reproducer is None and row.bound is not None and row.bound_violations == 0
 
@@ -99,23 +85,20 @@ def test_the_block_counts_add_up_across_chunks_as_integers(tmp_path, monkeypatch
 
     monkeypatch.setattr(tensor_values, "CHUNK_ELEMENTS", COLS)  # one row per chunk
     x = weights()
-    row, _ = run(tmp_path, x, "Q8_0", reference.quantize(x, GGML_TYPES_BY_NAME["Q8_0"]).tobytes())
+    q8_0 = reference.quantize(x, GGML_TYPES_BY_NAME["Q8_0"]).tobytes()
+    row, _ = run(tmp_path, x, "Q8_0", q8_0)
     assert row.blocks == ROWS * COLS // 32 and type(row.blocks) is int
-    bounded, _ = run(tmp_path, x, "Q8_0", reference.quantize(x, GGML_TYPES_BY_NAME["Q8_0"]).tobytes(),
-                     Policy(reproduce_quantized=False))
+    bounded, _ = run(tmp_path, x, "Q8_0", q8_0, policy=Policy(reproduce_quantized=False))
     assert bounded.blocks == ROWS * COLS // 32 and type(bounded.blocks) is int
     q4_k = reference.quantize(x, GGML_TYPES_BY_NAME["Q4_K"]).tobytes()
-    sampled, _ = run(tmp_path, x, "Q4_K", q4_k, Policy(reproduce_sample=0.5), sample_seed=SEED)
+    sampled, _ = run(tmp_path, x, "Q4_K", q4_k, policy=Policy(reproduce_sample=0.5), sample_seed=SEED)
     assert (sampled.blocks, sampled.sampled_from) == (int(block_sample(SEED, NAME, BLOCKS, 0.5).sum()), BLOCKS)
     assert type(sampled.sampled_from) is int
 
 
 def test_a_forgiven_rounding_tie_is_counted_in_the_row(tmp_path):
     rows, raw = q8_chunk(3, tie=True)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "test"}))
-    save_file({"w": rows}, str(tmp_path / "model.safetensors"))
-    info = TensorInfo(NAME, (rows.shape[1], rows.shape[0]), GGML_TYPES_BY_NAME["Q8_0"], 0, raw.size)
-    row, blockers = check_tensor(raw.reshape(-1), info, open_source(tmp_path).tensors["w"], None, Policy())
+    row, blockers = run(tmp_path, rows, "Q8_0", raw.tobytes())
     assert blockers == [] and (row.ties_forgiven, row.mismatched) == (1, 0)
 
 
