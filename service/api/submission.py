@@ -41,13 +41,13 @@ from service.schemas import PRINTABLE, SubmitRequest, VerificationOut
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 IDEMPOTENCY_KEY = "Idempotency-Key"
-_IDEMPOTENCY_KEY = TypeAdapter(Annotated[str, Field(max_length=200, pattern=PRINTABLE)])
+_KEY_TEXT = TypeAdapter(Annotated[str, Field(max_length=200, pattern=PRINTABLE)])
 _SCHEMA_REF = "#/components/schemas/{model}"
 _DOCUMENTED = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": {
         "$ref": _SCHEMA_REF.format(model=SubmitRequest.__name__)}}}},
     "parameters": [{"name": IDEMPOTENCY_KEY, "in": "header", "required": False, "schema": {
-        "anyOf": [_IDEMPOTENCY_KEY.json_schema(), {"type": "null"}], "title": IDEMPOTENCY_KEY}}],
+        "anyOf": [_KEY_TEXT.json_schema(), {"type": "null"}], "title": IDEMPOTENCY_KEY}}],
 }
 
 
@@ -83,7 +83,7 @@ def _idempotency_key(request: Request) -> str | None:
     if value is None:
         return None
     try:
-        return _IDEMPOTENCY_KEY.validate_python(value)
+        return _KEY_TEXT.validate_python(value)
     except ValidationError as exc:
         raise _refused("header", exc, IDEMPOTENCY_KEY) from exc
 
