@@ -95,12 +95,12 @@ def same_verifier(settings: Settings, environment: object) -> bool:
     return all(_installed(name) == value for name, value in recorded.items())
 
 
-def insert_or_reuse(session: Session, settings: Settings, *, fresh: bool, among: str | None,
+def insert_or_reuse(session: Session, settings: Settings, *, fresh: bool, among: str | None, key: str | None,
                     **columns: Any) -> Verification | None:
     """Store a submission: born completed with an earlier verdict when one may stand for it (and `fresh`
-    was not asked), else queued; None when the submitter already used the idempotency key. `among`: only
-    this submitter's verdicts may stand (None: any, for a principal who may read them all)."""
-    key = reuse_key(settings, columns["request"], columns["policy_sha256"])
+    was not asked), else queued; None when the submitter already used the idempotency key. `key`: its
+    `reuse_key`. `among`: only this submitter's verdicts may stand (None: any, for a principal who may read
+    them all)."""
     found = None if key is None or fresh else reuse_store.reusable(
         session, key, functools.partial(same_verifier, settings), submitted_by=among)
     if found is not None:

@@ -6,7 +6,8 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -22,10 +23,13 @@ from service import callbacks, reuse
 from service.attestations.oms import publisher_keys
 from service.config import INLINE_VERSION_PREFIX, Settings
 from service.fetching import stored_request, uri_policy
-from service.persistence import repository
+from service.persistence import repository, submission_insert
 from service.persistence.clock import as_utc
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 class SubmissionError(ConvgateError, ValueError):
@@ -65,18 +69,32 @@ def _resolve_policy(settings: Settings, requested: str | Policy, may_author: boo
 # dump) for every submission held to it was 12% of a submission's CPU. The policy itself is kept beside them,
 # so its id is never reused for another object. The stored form is shared by every submission held to that
 # policy: it is only ever serialised into a row, never changed.
-_CONFIGURED: dict[int, tuple[Policy, str, dict[str, Any]]] = {}
+_CONFIGURED: dict[int, tuple[Policy, StoredPolicy]] = {}
 
 
-def _stored(policy: Policy, origin: str) -> tuple[str, dict[str, Any]]:
-    """`policy.sha256()` and `policy.model_dump(mode="json")`, remembered for configured policies (an inline
-    one is new with every request)."""
+@dataclass(frozen=True)
+class StoredPolicy:
+    """A policy as a row holds it: its hash, its JSON form, and that form's text (what the driver's insert
+    binds: encoding it per submission was 5% of one on the driver)."""
+    sha256: str
+    dumped: dict[str, Any]
+    text: str
+
+
+def _stored(policy: Policy, origin: str) -> StoredPolicy:
+    """`policy.sha256()` and `policy.model_dump(mode="json")` (and its text), remembered for configured
+    policies (an inline one is new with every request)."""
     if origin == "inline":
-        return policy.sha256(), policy.model_dump(mode="json")
+        return _dumped(policy)
     known = _CONFIGURED.get(id(policy))
     if known is None or known[0] is not policy:
-        known = _CONFIGURED[id(policy)] = (policy, policy.sha256(), policy.model_dump(mode="json"))
-    return known[1], known[2]
+        known = _CONFIGURED[id(policy)] = (policy, _dumped(policy))
+    return known[1]
+
+
+def _dumped(policy: Policy) -> StoredPolicy:
+    dumped = policy.model_dump(mode="json")
+    return StoredPolicy(policy.sha256(), dumped, json.dumps(dumped))
 
 
 def _inline(requested: Policy) -> Policy:
@@ -156,15 +174,22 @@ def _signed(body: SubmitRequest) -> bool:
     return body.source_signature_uri is not None or body.artifact_signature_uri is not None
 
 
-def submit(session: Session, settings: Settings, submitter: str, admitted: Admitted,
-           idempotency_key: str | None, *, may_read_all: bool = False) -> tuple[Verification, bool]:
-    """Store an admitted verification (thresholds fixed now, with their hash); returns it and whether it is
-    new. An earlier verdict stands for it only if the submitter may read that verification (`service.reuse`)."""
+@dataclass(frozen=True)
+class Prepared:
+    """A submission's columns as its insert writes them, worked out before any database read: what `store`
+    and the driver's plain insert (`insert_plain`) both write."""
+    submitter: str
+    idempotency_key: str | None
+    fresh: bool
+    callback_url: str | None
+    reuse_key: str | None
+    policy_text: str  # the policy column's JSON text
+    columns: dict[str, Any]  # repository.new_row's keywords, but the callback's and the reuse key
+
+
+def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_key: str | None) -> Prepared:
+    """The stored request, the policy's stored form and hash, the request's hash and the reuse key."""
     body, policy, policy_origin = admitted.body, admitted.policy, admitted.policy_origin
-    try:
-        callback = callbacks.submission_columns(session, submitter, body.callback_url)
-    except callbacks.CallbackRefusedError as exc:
-        raise SubmissionError(str(exc)) from exc
     unset = {"imatrix_uri", "imatrix_sha256"} if body.imatrix_uri is None else set()  # identity as before
     unset |= {"artifact_size"} if body.artifact_size is None else set()
     unset |= {"artifact_shard_sha256"} if body.artifact_shard_sha256 is None else set()
@@ -177,7 +202,8 @@ def submit(session: Session, settings: Settings, submitter: str, admitted: Admit
         request["trusted_signers"] = list(admitted.trusted_signers)  # the operator's, fixed now like the policy
     if body.callback_url is not None:
         request["callback_url"] = redact_uri(body.callback_url)  # the full URL is its column, never shown
-    policy_sha256, stored_policy = _stored(policy, policy_origin)
+    stored_policy = _stored(policy, policy_origin)
+    policy_sha256 = stored_policy.sha256
     # What an Idempotency-Key stands for: the request with its URIs as sent, secrets included (the
     # originals under fetch_uris, kept in the same row), so a repeat that carries a new presigned URL is a
     # 409 rather than the first verification, which would fetch with the old one. A request without
@@ -186,17 +212,54 @@ def submit(session: Session, settings: Settings, submitter: str, admitted: Admit
                                                sort_keys=True).encode()).hexdigest()
     if admitted.gate1_shards > 1:
         request["shards"] = admitted.gate1_shards  # a deployment choice, not what was asked: outside the identity
+    return Prepared(submitter, idempotency_key, body.fresh, body.callback_url,
+                    reuse.reuse_key(settings, request, policy_sha256), stored_policy.text,
+                    dict(submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
+                         request=request, policy=stored_policy.dumped, policy_sha256=policy_sha256,
+                         max_attempts=settings.max_attempts, policy_origin=policy_origin))
+
+
+def submit(session: Session, settings: Settings, submitter: str, admitted: Admitted,
+           idempotency_key: str | None, *, may_read_all: bool = False) -> tuple[Verification, bool]:
+    """Store an admitted verification (thresholds fixed now, with their hash); returns it and whether it is
+    new. An earlier verdict stands for it only if the submitter may read that verification (`service.reuse`)."""
+    return store(session, settings, prepare(settings, submitter, admitted, idempotency_key),
+                 may_read_all=may_read_all)
+
+
+def store(session: Session, settings: Settings, prepared: Prepared, *,
+          may_read_all: bool = False) -> tuple[Verification, bool]:
+    """`submit` from its prepared columns: the callback's columns, an earlier verdict that may stand for it,
+    or its key's earlier verification (the same request, or a 409)."""
+    try:
+        callback = callbacks.submission_columns(session, prepared.submitter, prepared.callback_url)
+    except callbacks.CallbackRefusedError as exc:
+        raise SubmissionError(str(exc)) from exc
     verification = reuse.insert_or_reuse(
-        session, settings, fresh=body.fresh, among=None if may_read_all else submitter, **callback,
-        submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256, request=request,
-        policy=stored_policy, policy_sha256=policy_sha256, max_attempts=settings.max_attempts,
-        policy_origin=policy_origin)
+        session, settings, fresh=prepared.fresh, among=None if may_read_all else prepared.submitter,
+        key=prepared.reuse_key, **callback, **prepared.columns)
     if verification is not None:
         return verification, True
-    existing = repository.by_idempotency_key(session, submitter, idempotency_key or "")
+    existing = repository.by_idempotency_key(session, prepared.submitter, prepared.idempotency_key or "")
     if existing is None:  # only the idempotency key is unique among what a submission writes
         raise RuntimeError("a submission was refused by the database without a known idempotency key")
-    return _same_request(existing, request_sha256), False
+    return _same_request(existing, prepared.columns["request_sha256"]), False
+
+
+def plain(prepared: Prepared) -> bool:
+    """Whether storing `prepared` is its insert alone, with no read first: no callback (whose secret is read)
+    and no earlier verdict to look for (none can stand for it, or `fresh` was asked)."""
+    return prepared.callback_url is None and (prepared.reuse_key is None or prepared.fresh)
+
+
+async def insert_plain(connection: psycopg.AsyncConnection[Any], prepared: Prepared,
+                       moment: datetime) -> Verification | None:
+    """A `plain` submission stored by its one statement on the driver (Postgres, `driver.borrowed`), as
+    `store` would store it; None when its key was used before (`store` then answers it, 200 or 409)."""
+    row = repository.new_row(moment, reuse_key=prepared.reuse_key, **prepared.columns)
+    if not await submission_insert.insert_queued_on_driver(connection, row, policy=prepared.policy_text):
+        return None
+    return Verification(**row)
 
 
 def _same_request(existing: Verification, request_sha256: str) -> Verification:
@@ -221,6 +284,15 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
     if with_blockers and verification.verdict_result is not None:
         verdict = repository.verdict_for(session, verification.id)
         blockers = list(verdict.blocker_codes) if verdict else None
+    return _out(verification, blockers)
+
+
+def queued_out(verification: Verification) -> VerificationOut:
+    """A verification just queued: it has no verdict, so there is nothing to read for its answer."""
+    return _out(verification, None)
+
+
+def _out(verification: Verification, blockers: list[str] | None) -> VerificationOut:
     base = f"/v1/verifications/{verification.id}"
     return VerificationOut(
         id=verification.id, state=verification.state, attempt=verification.attempt,

@@ -35,8 +35,10 @@ from starlette.concurrency import run_in_threadpool
 from service import verifications
 from service.api.deps import Principal, admitted, bearer, principal_for
 from service.api.errors import ERRORS
-from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT
+from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT, Role, digest
 from service.config import Settings
+from service.persistence import driver, tokens
+from service.persistence.db import factory_clock
 from service.schemas import PRINTABLE, SubmitRequest, VerificationOut
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
@@ -93,24 +95,33 @@ def _idempotency_key(request: Request) -> str | None:
              responses={200: {"model": VerificationOut, "description": "a repeat of an Idempotency-Key"},
                         409: {"model": ERRORS[400]["model"], "description": "Idempotency-Key used for another"}})
 async def create_verification(request: Request) -> Response:
-    """The submission, on the event loop: its ORM code runs in the async session's greenlet, which waits on
-    the database's socket, not in a pool thread, and renders the answer's JSON there too (returning the model
-    would have FastAPI validate it again). Admitting a body that names a host or a file may block (DNS, a
-    mount): that, and only that, goes to a pool thread, with no transaction open."""
+    """The submission, on the event loop. Admitting a body that names a host or a file may block (DNS, a
+    mount): that, and only that, goes to a pool thread, with no connection held. On Postgres a submission
+    whose storing is its insert alone (`verifications.plain`) is that one statement on the driver
+    (`service.persistence.driver`); any other, and every one on SQLite, is stored by its ORM code in the async
+    session's greenlet, which renders the answer's JSON there too (returning the model would have FastAPI
+    validate it again)."""
     settings: Settings = request.app.state.settings
     raw = await request.body()
-    async with request.app.state.async_session_factory() as session:
+    engine = request.app.state.async_engine
+    on_driver = driver.available(engine)
+    principal = admitted(await _caller(request, on_driver), SUBMIT)
+    idempotency_key, body = _idempotency_key(request), _body(raw, request.headers.get("content-type"))
+    may_author = principal.role in AUTHOR_POLICIES  # a refusal is its error's status and code (api/errors)
+    if verifications.may_block(body):
+        submission = await run_in_threadpool(verifications.admit, settings, body, may_author_policies=may_author)
+    else:
+        submission = verifications.admit(settings, body, may_author_policies=may_author)
+    prepared = verifications.prepare(settings, principal.name, submission, idempotency_key)
+    factory = request.app.state.async_session_factory
+    if on_driver and verifications.plain(prepared):
+        async with driver.borrowed(engine) as connection:  # committed when it returns: before the answer
+            inserted = await verifications.insert_plain(connection, prepared, factory_clock(factory).now())
+        if inserted is not None:
+            return _answer(verifications.queued_out(inserted), created=True)
+    async with factory() as session:
         try:
-            principal = admitted(await session.run_sync(principal_for, bearer(request)), SUBMIT)
-            idempotency_key, body = _idempotency_key(request), _body(raw, request.headers.get("content-type"))
-            may_author = principal.role in AUTHOR_POLICIES  # a refusal is its error's status and code (api/errors)
-            if verifications.may_block(body):
-                await session.commit()  # the token's read ends first: no connection is held while admission waits
-                submission = await run_in_threadpool(verifications.admit, settings, body,
-                                                     may_author_policies=may_author)
-            else:
-                submission = verifications.admit(settings, body, may_author_policies=may_author)
-            answer = await session.run_sync(_store, submission, settings, principal, idempotency_key)
+            answer = await session.run_sync(_store, prepared, settings, principal)
             # Committed here, before answering: concurrent duplicates wait on this row's unique-index lock.
             await session.commit()
             return answer
@@ -119,13 +130,34 @@ async def create_verification(request: Request) -> Response:
                 await session.close()  # rolls back whatever was not committed
 
 
-def _store(session: Session, submission: verifications.Admitted, settings: Settings, principal: Principal,
-           idempotency_key: str | None) -> Response:
-    verification, created = verifications.submit(session, settings, principal.name, submission, idempotency_key,
-                                                  may_read_all=principal.role not in OWN_ONLY)
-    answer = verifications.to_out(session, verification).model_dump_json().encode()
-    return Response(answer, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
-                    headers={"Location": f"/v1/verifications/{verification.id}"}, media_type="application/json")
+async def _caller(request: Request, on_driver: bool) -> Principal | None:
+    """The bearer token's principal, read before anything else is looked at and ended before the work: on the
+    driver, or in an async session of its own (on SQLite a deferred read that takes no write lock)."""
+    secret = bearer(request)
+    if on_driver:
+        if not secret:
+            return None
+        async with driver.borrowed(request.app.state.async_engine) as connection:
+            found = await tokens.active_name_and_role_on_driver(connection, digest(secret))
+        return None if found is None else Principal(found[0], Role(found[1]))
+    async with request.app.state.async_session_factory() as session:
+        try:
+            return await session.run_sync(principal_for, secret)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await session.close()
+
+
+def _store(session: Session, prepared: verifications.Prepared, settings: Settings,
+           principal: Principal) -> Response:
+    verification, created = verifications.store(session, settings, prepared,
+                                                may_read_all=principal.role not in OWN_ONLY)
+    return _answer(verifications.to_out(session, verification), created=created)
+
+
+def _answer(out: VerificationOut, *, created: bool) -> Response:
+    return Response(out.model_dump_json().encode(), status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
+                    headers={"Location": f"/v1/verifications/{out.id}"}, media_type="application/json")
 
 
 def documented(app: FastAPI, *models: type[BaseModel]) -> Callable[[], dict[str, Any]]:

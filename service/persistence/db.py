@@ -137,6 +137,12 @@ def async_session_factory(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK) -> a
     return async_sessionmaker(engine, expire_on_commit=False, info={CLOCK: clock})
 
 
+def factory_clock(factory: async_sessionmaker[AsyncSession]) -> Clock:
+    """The clock `factory`'s sessions read (`async_session_factory`), for a write made beside them."""
+    clock: Clock = factory.kw.get("info", {}).get(CLOCK, SYSTEM_CLOCK)
+    return clock
+
+
 @contextmanager
 def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A unit of work outside a request: commit on success, roll back on any error."""

@@ -43,16 +43,18 @@ def _event(session: Session, verification_id: str, from_state: str | None, to_st
                                   to_state=to_state, attempt=attempt, message=message, reason_code=reason))
 
 
-def _new_row(moment: datetime, *, submitted_by: str, idempotency_key: str | None, request_sha256: str,
+def new_row(moment: datetime, *, submitted_by: str, idempotency_key: str | None, request_sha256: str,
              request: dict[str, Any], policy: dict[str, Any], policy_sha256: str, max_attempts: int,
              policy_origin: str | None = None, **optional: Any) -> dict[str, Any]:
-    """A queued verification's columns; its id is made here. `optional`: the reuse key and the
-    callback's columns (revision 0009), written only when given."""
+    """A queued verification's columns, every one its insert writes (no default is left to SQLAlchemy, so
+    the same row serves the driver's execution of the statement too); its id is made here. `optional`: the
+    reuse key and the callback's columns (revision 0009), written only when given."""
     return dict(
         id=str(uuid.uuid4()), submitted_by=submitted_by, idempotency_key=idempotency_key,
         request_sha256=request_sha256, source_uri=request["source_uri"], artifact_uri=request["artifact_uri"],
         artifact_sha256=request["artifact_sha256"], request=request, policy=policy, policy_sha256=policy_sha256,
-        state=State.QUEUED, attempt=0, max_attempts=max_attempts, created_at=moment, updated_at=moment,
+        state=State.QUEUED, attempt=0, failed_attempts=0, max_attempts=max_attempts, created_at=moment,
+        updated_at=moment,
         **({} if policy_origin is None else {"policy_origin": policy_origin}),
         **{column: value for column, value in optional.items() if value is not None},
     )
@@ -62,12 +64,12 @@ def insert_unless_known(session: Session, **columns: Any) -> Verification | None
     """The new verification and its event, or None when the submitter already used `idempotency_key`:
     the INSERT yields to the unique index (ON CONFLICT DO NOTHING, waiting for a concurrent duplicate
     to commit or roll back) instead of failing, so a submission needs no savepoint and no SELECT first."""
-    row = _new_row(now(session), **columns)
+    row = new_row(now(session), **columns)
     if not submission_insert.insert_queued(session, row):
         return None
     # Built from what was written, not read back: an ORM insert RETURNING the whole row cost as much
     # CPU as the rest of a submission (scripts/bench_api.py). Not in the session; the caller only reads it.
-    return Verification(**row, failed_attempts=0)
+    return Verification(**row)
 
 
 def by_idempotency_key(session: Session, submitted_by: str, key: str) -> Verification | None:

@@ -45,12 +45,12 @@ def reusable(session: Session, key: str, same_verifier: Callable[[object], bool]
 def insert_reused(session: Session, found: Reusable, **columns: Any) -> Verification | None:
     """A verification already completed with a copy of `verdict` (copied inside the database: a report
     can be large), its one event, no attempt; None when the submitter already used the idempotency key."""
-    row = repository._new_row(now(session), **columns)  # the one place a verification's columns are made
+    row = repository.new_row(now(session), **columns)  # the one place a verification's columns are made
     row |= {"state": State.COMPLETED, "verdict_result": found.verdict, "finished_at": row["created_at"],
             "reused_from": found.original_id}
     if session.scalar(_INSERT_UNLESS_KNOWN[session.get_bind().dialect.name], row) is None:
         return None
-    verification = Verification(**row, failed_attempts=0)  # as written; like insert_unless_known's, not read back
+    verification = Verification(**row)  # as written; like insert_unless_known's, not read back
     session.execute(insert(Verdict).from_select(
         ["verification_id", "attempt", "verdict", "blocker_codes", "report", "created_at"],
         select(literal(verification.id), literal(0), Verdict.verdict, Verdict.blocker_codes, Verdict.report,

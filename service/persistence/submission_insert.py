@@ -2,12 +2,13 @@
 submitter's idempotency key is taken. The hottest write the API makes, so it is Core SQL on the tables,
 executed with parameters: on Postgres ONE statement (the event is inserted from the verification
 insert's RETURNING, in a CTE), which halved a submission's database CPU and wall time against an ORM
-insert plus a second INSERT (scripts/bench_api.py); SQLite cannot put an INSERT in a WITH, so two."""
+insert plus a second INSERT (scripts/bench_api.py); SQLite cannot put an INSERT in a WITH, so two. The API
+runs the Postgres statement on the driver (`insert_queued_on_driver`, `service.persistence.driver`)."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Integer, String, Table, bindparam, insert, literal, null, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -15,7 +16,11 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
 from service.lifecycle import Reason, State
+from service.persistence import driver
 from service.persistence.models import Verification, VerificationEvent
+
+if TYPE_CHECKING:
+    import psycopg
 
 _VERIFICATIONS = cast(Table, Verification.__table__)
 _EVENTS = cast(Table, VerificationEvent.__table__)
@@ -35,6 +40,14 @@ def insert_queued(session: Session, row: dict[str, Any]) -> bool:
                                     "to_state": State.QUEUED, "attempt": 0, "message": "submitted",
                                     "reason_code": Reason.SUBMITTED})
     return True
+
+
+async def insert_queued_on_driver(connection: psycopg.AsyncConnection[Any], row: dict[str, Any], *,
+                                  policy: str) -> bool:
+    """`insert_queued` on Postgres, on a connection `driver.borrowed` lent: the same one statement, committed
+    when it returns (the connection is in autocommit). `policy`: the text of `row`'s policy, encoded once."""
+    statement = driver.compiled(_with_event(tuple(sorted(row))), _VERIFICATIONS)
+    return await driver.first_row(connection, statement, row | {"policy": driver.JsonText(policy)}) is not None
 
 
 @functools.cache  # one statement per set of columns written (optional ones are left out when unset)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
+from service.persistence import driver
 from service.persistence.clock import now
 from service.persistence.models import ApiToken
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def add_token(session: Session, name: str, role: str, token_sha256: str) -> ApiToken:
@@ -33,6 +37,13 @@ def active_name_and_role(session: Session, token_sha256: str) -> tuple[str, str]
 
 _NAME_AND_ROLE = select(ApiToken.name, ApiToken.role).where(ApiToken.token_sha256 == bindparam("token_sha256"),
                                                             ApiToken.revoked_at.is_(None))  # built once
+
+
+async def active_name_and_role_on_driver(connection: psycopg.AsyncConnection[Any],
+                                         token_sha256: str) -> tuple[str, str] | None:
+    """`active_name_and_role` on a connection `driver.borrowed` lent (Postgres): the same statement."""
+    row = await driver.first_row(connection, driver.compiled(_NAME_AND_ROLE), {"token_sha256": token_sha256})
+    return None if row is None else (row[0], row[1])
 
 
 def revoke_token(session: Session, name: str) -> bool:

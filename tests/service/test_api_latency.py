@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import anyio.to_thread
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, text
@@ -33,17 +34,26 @@ def client(pg, tmp_path):
         yield test_client
 
 
-def _statements(client: TestClient) -> list[str]:
+def _statements(client: TestClient, monkeypatch) -> list[str]:
+    """Every statement the server sends from now on: through SQLAlchemy, and on psycopg itself (the
+    submission's, `service.persistence.driver`, in autocommit: no BEGIN or COMMIT is sent there)."""
     seen: list[str] = []
     for engine in (client.app.state.engine, client.app.state.async_engine.sync_engine):
         event.listen(engine, "before_cursor_execute",
                      lambda _c, _cur, statement, *_rest: seen.append(statement.split()[0].upper()))
+    execute = psycopg.AsyncConnection.execute
+
+    async def counted(self, query, *args, **kwargs):
+        seen.append(str(query).split()[0].upper())
+        return await execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counted)
     return seen
 
 
-def test_a_new_submission_is_one_statement_after_the_token_and_no_update(client):
+def test_a_new_submission_is_one_statement_after_the_token_and_no_update(client, monkeypatch):
     client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "warm"})
-    seen = _statements(client)
+    seen = _statements(client, monkeypatch)
     response = client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "new"})
     assert response.status_code == 202 and response.json()["policy_origin"] == "configured:default"
     assert seen == ["SELECT", "WITH"]  # the token; the verification (or nothing) and its event, in one CTE

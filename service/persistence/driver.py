@@ -1,0 +1,100 @@
+"""Single statements on Postgres run by psycopg itself, on a connection borrowed from the async engine's pool:
+for the API's busiest write, where SQLAlchemy's asyncio execution (a greenlet per call, the execution context,
+the ORM session's transaction) cost more CPU than the statements (scripts/bench_api.py: 0.55 ms of a
+submission's 1.1 ms). The statements are still SQLAlchemy's: each is a Core statement compiled once for
+psycopg's dialect, so the SQL is written once for both paths; only its execution is the driver's.
+
+Each statement runs in autocommit, as its own transaction: a single INSERT is atomic and durable when it
+returns, and a read needs no BEGIN and COMMIT around it (two round trips fewer per submission). The pool, its
+size, the replacement of connections the server closed, and the engine's disposal stay SQLAlchemy's. A driver
+error is raised as SQLAlchemy raises it (`sqlalchemy.exc.OperationalError` for a refused or lost connection),
+so the API answers it as it answers every other database error, and a broken connection is not pooled again."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import psycopg
+from sqlalchemy import JSON, Table
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import ClauseElement
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+_DIALECT = psycopg_dialect.dialect()
+
+
+def available(engine: AsyncEngine) -> bool:
+    """Whether `engine`'s statements can run on the driver here: Postgres through psycopg (SQLite keeps
+    SQLAlchemy's execution, whose transactions fence its single writer)."""
+    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+
+
+class JsonText(str):
+    """A JSON column's value already encoded (a policy shared by every submission held to it)."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A Core statement as psycopg runs it: its SQL text, the values SQLAlchemy bound into it (its literals),
+    and which parameters are JSON columns (psycopg is given their text)."""
+
+    sql: str
+    fixed: Mapping[str, Any]
+    json_parameters: frozenset[str]
+
+    def parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` as psycopg binds them: JSON columns as their text, an enumeration as its value."""
+        bound = dict(self.fixed)
+        for name, value in values.items():
+            if isinstance(value, JsonText):
+                bound[name] = str(value)
+            elif name in self.json_parameters and value is not None:
+                bound[name] = json.dumps(value)
+            else:
+                bound[name] = value.value if isinstance(value, enum.Enum) else value
+        return bound
+
+
+@functools.cache  # statements are module constants, or cached per set of columns by their builders
+def compiled(statement: ClauseElement, table: Table | None = None) -> Compiled:
+    """`statement` compiled once for psycopg; `table`: whose JSON columns its same-named parameters fill."""
+    result = statement.compile(dialect=_DIALECT)
+    json_columns = frozenset() if table is None else frozenset(
+        column.name for column in table.columns if isinstance(column.type, JSON))
+    fixed = {name: value for name, value in result.params.items() if value is not None}
+    return Compiled(str(result), fixed, json_columns)
+
+
+@asynccontextmanager
+async def borrowed(engine: AsyncEngine) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A psycopg connection from `engine`'s pool, in autocommit while it is borrowed (every statement its own
+    transaction); a driver error comes out as SQLAlchemy's, and a connection it broke is discarded."""
+    async with engine.connect() as connection:
+        driver = cast(psycopg.AsyncConnection[Any], (await connection.get_raw_connection()).driver_connection)
+        await driver.set_autocommit(True)
+        try:
+            yield driver
+        except psycopg.Error as exc:
+            if driver.broken or driver.closed:
+                await connection.invalidate()
+            raise DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=driver.broken,
+                                      dialect=_DIALECT) from exc
+        finally:
+            if not (driver.broken or driver.closed):
+                await driver.set_autocommit(False)  # as the pool lent it: SQLAlchemy begins its own transactions
+
+
+async def first_row(connection: psycopg.AsyncConnection[Any], statement: Compiled,
+                    values: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The first row `statement` returns with `values`, or None."""
+    cursor = await connection.execute(statement.sql, statement.parameters(values))
+    return await cursor.fetchone()

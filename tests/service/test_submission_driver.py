@@ -1,0 +1,140 @@
+"""On Postgres a plain submission is stored by its one statement on psycopg itself
+(`service.persistence.driver`, `verifications.insert_plain`): what it writes must be exactly what the ORM
+path writes, every other submission must still take that path, and the borrowed connection must go back to
+the pool as it was lent, or be discarded when the driver broke it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import exc as db_errors
+from sqlalchemy import select, text
+
+from service import verifications
+from service.api.app import create_app, no_loops
+from service.auth import Role
+from service.persistence import driver
+from service.persistence.db import make_async_engine, make_engine, session_factory, transaction
+from service.persistence.models import Verification, VerificationEvent
+from tests.service.conftest import add_token, settings_for
+
+SHA = "d" * 64
+HF_SOURCE = "hf://org/src@" + "0" * 40
+IDENTITY_FREE = {"id", "idempotency_key", "created_at", "updated_at"}  # what differs between two submissions
+
+
+def body(**overrides: Any) -> dict[str, Any]:
+    return {"source_uri": HF_SOURCE, "artifact_uri": HF_SOURCE + "/m.gguf", "artifact_sha256": SHA, **overrides}
+
+
+@pytest.fixture
+def api(pg, tmp_path):
+    settings = settings_for(pg, tmp_path, dispatcher="none", allow_private_addresses=True)
+    submitter = add_token(pg, Role.SUBMITTER, "submitter-1")
+    with TestClient(create_app(settings, loops=no_loops)) as client:
+        client.headers["Authorization"] = f"Bearer {submitter}"
+        client.settings = settings
+        yield client
+
+
+def stored(url: str, verification_id: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The verification's columns and its events (state, attempt, message, reason), as the database holds them."""
+    engine = make_engine(url)
+    try:
+        with transaction(session_factory(engine)) as session:
+            row = session.get(Verification, verification_id)
+            assert row is not None
+            columns = {column.name: getattr(row, column.key) for column in Verification.__mapper__.columns}
+            events = [(event.from_state, event.to_state, event.attempt, event.message, event.reason_code,
+                       event.at == row.created_at)
+                      for event in session.scalars(select(VerificationEvent)
+                                                   .where(VerificationEvent.verification_id == verification_id))]
+        return columns, events
+    finally:
+        engine.dispose()
+
+
+def test_a_plain_submission_on_the_driver_is_stored_as_the_orm_stores_it(api, pg):
+    answer = api.post("/v1/verifications", json=body(), headers={"Idempotency-Key": "driver"})
+    assert answer.status_code == 202
+    assert answer.headers["Location"] == f"/v1/verifications/{answer.json()['id']}"
+    engine = make_engine(pg)
+    with transaction(session_factory(engine)) as session:  # the same request, stored by the ORM path
+        admitted = verifications.admit(api.settings, verifications.SubmitRequest.model_validate(body()))
+        orm, created = verifications.submit(session, api.settings, "submitter-1", admitted, "orm")
+        assert created
+    engine.dispose()
+    on_driver, driver_events = stored(pg, answer.json()["id"])
+    by_orm, orm_events = stored(pg, orm.id)
+    assert {k: v for k, v in on_driver.items() if k not in IDENTITY_FREE} == \
+        {k: v for k, v in by_orm.items() if k not in IDENTITY_FREE}
+    assert on_driver["created_at"] == on_driver["updated_at"]
+    assert driver_events == orm_events == [(None, "queued", 0, "submitted", "submitted", True)]
+    shown = api.get(answer.headers["Location"]).json()
+    assert {k: v for k, v in shown.items() if k not in {"queue_position", "cluster_status"}} == \
+        {k: v for k, v in answer.json().items() if k not in {"queue_position", "cluster_status"}}
+
+
+def test_a_repeated_key_on_the_driver_is_the_same_verification_or_a_409(api):
+    first = api.post("/v1/verifications", json=body(), headers={"Idempotency-Key": "again"})
+    repeat = api.post("/v1/verifications", json=body(), headers={"Idempotency-Key": "again"})
+    other = api.post("/v1/verifications", json=body(artifact_sha256="e" * 64), headers={"Idempotency-Key": "again"})
+    assert (first.status_code, repeat.status_code, other.status_code) == (202, 200, 409)
+    assert repeat.json()["id"] == first.json()["id"]
+
+
+def test_a_submission_that_reads_first_is_not_plain(api):
+    """A callback's secret is read before its insert: the ORM path refuses it without one."""
+    answer = api.post("/v1/verifications", json=body(callback_url="https://127.0.0.1:9/hook"))
+    assert answer.status_code == 422
+    assert "callback secret" in answer.json()["detail"]
+
+
+def test_a_bad_token_on_the_driver_is_a_401(api):
+    answer = api.post("/v1/verifications", json=body(), headers={"Authorization": "Bearer nope"})
+    assert answer.status_code == 401
+
+
+def test_a_connection_the_driver_broke_is_an_operational_error_and_is_not_pooled_again(pg):
+    async def scenario() -> list[int]:
+        engine = make_async_engine(pg)
+        try:
+            with pytest.raises(db_errors.OperationalError):
+                async with driver.borrowed(engine) as connection:
+                    await connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            async with driver.borrowed(engine) as connection:  # a new connection, not the dead one
+                return [row[0] for row in await (await connection.execute("SELECT 1")).fetchall()]
+        finally:
+            await engine.dispose()
+    assert asyncio.run(scenario()) == [1]
+
+
+def test_a_borrowed_connection_goes_back_to_the_pool_out_of_autocommit(pg):
+    """After the driver's autocommit, SQLAlchemy's transactions on the same pooled connection still roll back."""
+    async def scenario() -> int:
+        engine = make_async_engine(pg)
+        try:
+            async with driver.borrowed(engine) as connection:
+                assert connection.autocommit
+            async with engine.connect() as connection:
+                await connection.execute(text("INSERT INTO api_tokens (name, role, token_sha256, created_at) "
+                                              "VALUES ('rolled-back', 'auditor', 'x', now())"))
+                await connection.rollback()
+                return len((await connection.execute(text("SELECT 1 FROM api_tokens WHERE name = 'rolled-back'")))
+                           .all())
+        finally:
+            await engine.dispose()
+    assert asyncio.run(scenario()) == 0
+
+
+def test_a_database_that_refuses_the_driver_is_a_503(tmp_path):
+    """No Postgres listens on port 9: the borrow fails as every other database access does, 503 and a retry."""
+    settings = settings_for("postgresql+psycopg://convgate:none@127.0.0.1:9/convgate", tmp_path, dispatcher="none")
+    with TestClient(create_app(settings, loops=no_loops)) as client:
+        answer = client.post("/v1/verifications", json=body(), headers={"Authorization": "Bearer any"})
+    assert answer.status_code == 503
+    assert answer.json()["code"] == "database.unavailable"
+    assert answer.headers["Retry-After"]
