@@ -20,11 +20,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 import psycopg
 from sqlalchemy import JSON, Table
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.util import greenlet_spawn
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -77,20 +79,33 @@ def compiled(statement: ClauseElement, table: Table | None = None) -> Compiled:
 @asynccontextmanager
 async def borrowed(engine: AsyncEngine) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A psycopg connection from `engine`'s pool, in autocommit while it is borrowed (every statement its own
-    transaction); a driver error comes out as SQLAlchemy's, and a connection it broke is discarded."""
-    async with engine.connect() as connection:
-        driver = cast(psycopg.AsyncConnection[Any], (await connection.get_raw_connection()).driver_connection)
-        await driver.set_autocommit(True)
-        try:
-            yield driver
-        except psycopg.Error as exc:
-            if driver.broken or driver.closed:
-                await connection.invalidate()
-            raise DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=driver.broken,
-                                      dialect=_DIALECT) from exc
-        finally:
-            if not (driver.broken or driver.closed):
-                await driver.set_autocommit(False)  # as the pool lent it: SQLAlchemy begins its own transactions
+    transaction); a driver error comes out as SQLAlchemy's, and a connection it broke is discarded. The pool's
+    own connection, not an `AsyncConnection` around it: that wrapper cost as much CPU as the lookup of the
+    token it would run (scripts/bench_api.py)."""
+    try:
+        pooled = await engine.raw_connection()  # the pool's checkout: a refused connection is the driver's error
+    except psycopg.Error as exc:
+        raise _as_sqlalchemy(exc, invalidated=False) from exc
+    connection = cast(psycopg.AsyncConnection[Any], pooled.driver_connection)
+    try:
+        await connection.set_autocommit(True)
+        yield connection
+    except psycopg.Error as exc:
+        raise _as_sqlalchemy(exc, invalidated=connection.broken) from exc
+    finally:
+        with anyio.CancelScope(shield=True):  # given back, or discarded, even when the request is cancelled
+            if connection.broken or connection.closed:
+                await greenlet_spawn(pooled.invalidate)
+            else:
+                await connection.set_autocommit(False)  # as lent: SQLAlchemy begins its own transactions
+                await greenlet_spawn(pooled.close)
+
+
+def _as_sqlalchemy(exc: psycopg.Error, *, invalidated: bool) -> BaseException:
+    """`exc` as SQLAlchemy raises a driver's error (OperationalError, IntegrityError, ...), parameters hidden:
+    a submission's carry the URIs it names."""
+    return DBAPIError.instance(None, None, exc, psycopg.Error, hide_parameters=True,
+                               connection_invalidated=invalidated, dialect=_DIALECT)
 
 
 async def first_row(connection: psycopg.AsyncConnection[Any], statement: Compiled,

@@ -138,3 +138,23 @@ def test_a_database_that_refuses_the_driver_is_a_503(tmp_path):
     assert answer.status_code == 503
     assert answer.json()["code"] == "database.unavailable"
     assert answer.headers["Retry-After"]
+
+
+def test_a_borrow_cancelled_mid_statement_gives_back_a_usable_connection(pg):
+    """A request cancelled while its statement runs (the client went away): psycopg cancels the statement on
+    the server, the connection goes back to the pool idle (or is discarded), and nothing stays checked out
+    for the next request to wait on."""
+    async def scenario() -> tuple[list[int], int]:
+        engine = make_async_engine(pg)
+        try:
+            async def slow() -> None:
+                async with driver.borrowed(engine) as connection:
+                    await connection.execute("SELECT pg_sleep(5)")
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(slow(), timeout=0.3)
+            async with driver.borrowed(engine) as connection:
+                rows = [row[0] for row in await (await connection.execute("SELECT 1")).fetchall()]
+            return rows, engine.pool.checkedout()
+        finally:
+            await engine.dispose()
+    assert asyncio.run(scenario()) == ([1], 0)
