@@ -7,13 +7,15 @@ was 10% of a submission's CPU and opening a second session for the token twice t
 declarations did:
 
 1. the body is read (before any connection is taken: a slow upload holds none);
-2. the bearer token is looked up in the request's own async session: a bad token is a 401 before the body
-   or a header is looked at;
+2. the bearer token is looked up, in a read of its own that is over before the work begins (on Postgres on
+   the driver, `service.persistence.driver`; on SQLite in an async session): a bad token is a 401 before
+   the body or a header is looked at;
 3. the Idempotency-Key header and the body are validated by the same pydantic types (the body read as JSON
    only under a JSON media type, FastAPI's strict content type), and refused as FastAPI refuses them
    (`RequestValidationError`, `loc` starting "header" or "body": one 422 shape for every route,
    `service.api.errors`);
-4. the submission is admitted and stored in the same session, committed before the answer.
+4. the submission is admitted, then stored and committed before the answer: on Postgres a plain one
+   (`verifications.plain`) by its one INSERT on the driver, any other in an async session.
 
 The body's schema is still the API's: `openapi_extra` names SubmitRequest, which `documented` adds to the
 document's components.

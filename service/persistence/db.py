@@ -66,7 +66,8 @@ def _replace_connections_the_server_closed(engine: Engine) -> None:
     The server's goodbye (its FATAL message, then end of file) makes an idle connection's socket readable,
     and nothing else does while no statement is running: a poll with no wait, not SQLAlchemy's pre-ping
     round trip, which cost ~0.15 ms of CPU on every request (scripts/bench_api.py). A peer that vanished
-    without a word is not seen here; its request fails with a 503 and the pool is recycled, as before."""
+    without a word is not seen here; its request fails with a 503 and the pool is recycled, as before (on the
+    driver's statements too: `driver.borrowed`)."""
     @event.listens_for(engine, "checkout")
     def _checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         if _closed_by_server(getattr(dbapi_connection, "driver_connection", dbapi_connection)):

@@ -6,9 +6,10 @@ psycopg's dialect, so the SQL is written once for both paths; only its execution
 
 Each statement runs in autocommit, as its own transaction: a single INSERT is atomic and durable when it
 returns, and a read needs no BEGIN and COMMIT around it (two round trips fewer per submission). The pool, its
-size, the replacement of connections the server closed, and the engine's disposal stay SQLAlchemy's. A driver
-error is raised as SQLAlchemy raises it (`sqlalchemy.exc.OperationalError` for a refused or lost connection),
-so the API answers it as it answers every other database error, and a broken connection is not pooled again."""
+size, its check of connections the server closed and the engine's disposal stay SQLAlchemy's. A driver error
+is raised as SQLAlchemy raises it (`sqlalchemy.exc.OperationalError` for a refused or lost connection), so the
+API answers it as it answers every other database error; a lost connection recycles the pool, as SQLAlchemy
+does when its own execution loses one (a failover's silent peers would otherwise fail a request each)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from sqlalchemy.util import greenlet_spawn
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.pool import PoolProxiedConnection
 
 _DIALECT = psycopg_dialect.dialect()
 
@@ -59,8 +61,8 @@ class Compiled:
         for name, value in values.items():
             if isinstance(value, JsonText):
                 bound[name] = str(value)
-            elif name in self.json_parameters and value is not None:
-                bound[name] = json.dumps(value)
+            elif name in self.json_parameters:
+                bound[name] = json.dumps(value)  # None too: JSON's null, as SQLAlchemy's JSON type writes it
             else:
                 bound[name] = value.value if isinstance(value, enum.Enum) else value
         return bound
@@ -94,11 +96,23 @@ async def borrowed(engine: AsyncEngine) -> AsyncIterator[psycopg.AsyncConnection
         raise _as_sqlalchemy(exc, invalidated=connection.broken) from exc
     finally:
         with anyio.CancelScope(shield=True):  # given back, or discarded, even when the request is cancelled
-            if connection.broken or connection.closed:
-                await greenlet_spawn(pooled.invalidate)
-            else:
-                await connection.set_autocommit(False)  # as lent: SQLAlchemy begins its own transactions
-                await greenlet_spawn(pooled.close)
+            await _give_back(engine, pooled, connection)
+
+
+async def _give_back(engine: AsyncEngine, pooled: PoolProxiedConnection,
+                     connection: psycopg.AsyncConnection[Any]) -> None:
+    """`connection` back to the pool as it was lent (out of autocommit: SQLAlchemy begins its own
+    transactions), or discarded when it cannot be; a lost one recycles the whole pool."""
+    if not (connection.broken or connection.closed):
+        try:
+            await connection.set_autocommit(False)
+            await greenlet_spawn(pooled.close)
+            return
+        except psycopg.Error:
+            pass  # not idle (a statement still in flight): discarded below, never lent in that state
+    await greenlet_spawn(pooled.invalidate)
+    if connection.broken:
+        await engine.dispose()  # the others may be as dead: each is reopened at its next checkout
 
 
 def _as_sqlalchemy(exc: psycopg.Error, *, invalidated: bool) -> BaseException:

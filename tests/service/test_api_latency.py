@@ -34,29 +34,31 @@ def client(pg, tmp_path):
         yield test_client
 
 
-def _statements(client: TestClient, monkeypatch) -> list[str]:
+def _statements(client: TestClient, monkeypatch) -> tuple[list[str], list[str]]:
     """Every statement the server sends from now on: through SQLAlchemy, and on psycopg itself (the
     submission's, `service.persistence.driver`, in autocommit: no BEGIN or COMMIT is sent there)."""
-    seen: list[str] = []
+    through_sqlalchemy: list[str] = []
+    on_driver: list[str] = []
     for engine in (client.app.state.engine, client.app.state.async_engine.sync_engine):
         event.listen(engine, "before_cursor_execute",
-                     lambda _c, _cur, statement, *_rest: seen.append(statement.split()[0].upper()))
-    execute = psycopg.AsyncConnection.execute
+                     lambda _c, _cur, statement, *_rest: through_sqlalchemy.append(statement.split()[0].upper()))
+    execute = psycopg.AsyncConnection.execute  # SQLAlchemy's own execution goes through a cursor's
 
     async def counted(self, query, *args, **kwargs):
-        seen.append(str(query).split()[0].upper())
+        on_driver.append(str(query).split()[0].upper())
         return await execute(self, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.AsyncConnection, "execute", counted)
-    return seen
+    return through_sqlalchemy, on_driver
 
 
 def test_a_new_submission_is_one_statement_after_the_token_and_no_update(client, monkeypatch):
     client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "warm"})
-    seen = _statements(client, monkeypatch)
+    through_sqlalchemy, on_driver = _statements(client, monkeypatch)
     response = client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "new"})
     assert response.status_code == 202 and response.json()["policy_origin"] == "configured:default"
-    assert seen == ["SELECT", "WITH"]  # the token; the verification (or nothing) and its event, in one CTE
+    assert on_driver == ["SELECT", "WITH"]  # the token; the verification (or nothing) and its event, in one CTE
+    assert through_sqlalchemy == []
 
 
 def test_a_repeated_key_writes_nothing_and_answers_with_the_stored_row(client):

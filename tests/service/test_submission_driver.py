@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import bindparam, select, text
 from sqlalchemy import exc as db_errors
-from sqlalchemy import select, text
 
 from service import verifications
 from service.api.app import create_app, no_loops
@@ -30,14 +30,33 @@ def body(**overrides: Any) -> dict[str, Any]:
     return {"source_uri": HF_SOURCE, "artifact_uri": HF_SOURCE + "/m.gguf", "artifact_sha256": SHA, **overrides}
 
 
+def client_for(url: str, tmp_path, **overrides: Any) -> TestClient:
+    settings = settings_for(url, tmp_path, allow_private_addresses=True, **({"dispatcher": "none"} | overrides))
+    client = TestClient(create_app(settings, loops=no_loops))
+    client.headers["Authorization"] = f"Bearer {add_token(url, Role.SUBMITTER, 'submitter-1')}"
+    client.settings = settings
+    return client
+
+
 @pytest.fixture
 def api(pg, tmp_path):
-    settings = settings_for(pg, tmp_path, dispatcher="none", allow_private_addresses=True)
-    submitter = add_token(pg, Role.SUBMITTER, "submitter-1")
-    with TestClient(create_app(settings, loops=no_loops)) as client:
-        client.headers["Authorization"] = f"Bearer {submitter}"
-        client.settings = settings
+    with client_for(pg, tmp_path) as client:
         yield client
+
+
+@pytest.fixture
+def inserted_plain(monkeypatch) -> list[str]:
+    """The ids `verifications.insert_plain` stored: which submissions the driver wrote."""
+    ids: list[str] = []
+    insert_plain = verifications.insert_plain
+
+    async def spied(*args: Any, **kwargs: Any) -> Any:
+        verification = await insert_plain(*args, **kwargs)
+        ids.extend([] if verification is None else [verification.id])
+        return verification
+
+    monkeypatch.setattr(verifications, "insert_plain", spied)
+    return ids
 
 
 def stored(url: str, verification_id: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
@@ -57,40 +76,51 @@ def stored(url: str, verification_id: str) -> tuple[dict[str, Any], list[tuple[A
         engine.dispose()
 
 
-def test_a_plain_submission_on_the_driver_is_stored_as_the_orm_stores_it(api, pg):
-    answer = api.post("/v1/verifications", json=body(), headers={"Idempotency-Key": "driver"})
-    assert answer.status_code == 202
-    assert answer.headers["Location"] == f"/v1/verifications/{answer.json()['id']}"
-    engine = make_engine(pg)
-    with transaction(session_factory(engine)) as session:  # the same request, stored by the ORM path
-        admitted = verifications.admit(api.settings, verifications.SubmitRequest.model_validate(body()))
-        orm, created = verifications.submit(session, api.settings, "submitter-1", admitted, "orm")
-        assert created
-    engine.dispose()
-    on_driver, driver_events = stored(pg, answer.json()["id"])
-    by_orm, orm_events = stored(pg, orm.id)
-    assert {k: v for k, v in on_driver.items() if k not in IDENTITY_FREE} == \
-        {k: v for k, v in by_orm.items() if k not in IDENTITY_FREE}
-    assert on_driver["created_at"] == on_driver["updated_at"]
-    assert driver_events == orm_events == [(None, "queued", 0, "submitted", "submitted", True)]
-    shown = api.get(answer.headers["Location"]).json()
+@pytest.mark.parametrize(("dispatcher", "fresh"), [("none", False), ("local", True)],
+                         ids=["no-reuse-key", "fresh-with-a-reuse-key"])
+def test_a_plain_submission_on_the_driver_is_stored_as_the_orm_stores_it(pg, tmp_path, inserted_plain,
+                                                                          dispatcher, fresh):
+    """A local pool knows its verifier, so a pinned submission has a reuse key: written by both paths when
+    `fresh` was asked (none is looked up), and none at all on an API-only replica."""
+    with client_for(pg, tmp_path, dispatcher=dispatcher) as api:
+        answer = api.post("/v1/verifications", json=body(fresh=fresh), headers={"Idempotency-Key": "driver"})
+        assert answer.status_code == 202
+        assert inserted_plain == [answer.json()["id"]]  # the driver wrote it
+        assert answer.headers["Location"] == f"/v1/verifications/{answer.json()['id']}"
+        engine = make_engine(pg)
+        with transaction(session_factory(engine)) as session:  # the same request, stored by the ORM path
+            submission = verifications.SubmitRequest.model_validate(body(fresh=fresh))
+            orm, created = verifications.submit(session, api.settings, "submitter-1",
+                                                verifications.admit(api.settings, submission), "orm")
+            assert created
+        engine.dispose()
+        on_driver, driver_events = stored(pg, answer.json()["id"])
+        by_orm, orm_events = stored(pg, orm.id)
+        assert (on_driver["reuse_key"] is None) == (dispatcher == "none")
+        assert {k: v for k, v in on_driver.items() if k not in IDENTITY_FREE} == \
+            {k: v for k, v in by_orm.items() if k not in IDENTITY_FREE}
+        assert on_driver["created_at"] == on_driver["updated_at"]
+        assert driver_events == orm_events == [(None, "queued", 0, "submitted", "submitted", True)]
+        shown = api.get(answer.headers["Location"]).json()
     assert {k: v for k, v in shown.items() if k not in {"queue_position", "cluster_status"}} == \
         {k: v for k, v in answer.json().items() if k not in {"queue_position", "cluster_status"}}
 
 
-def test_a_repeated_key_on_the_driver_is_the_same_verification_or_a_409(api):
+def test_a_repeated_key_on_the_driver_is_the_same_verification_or_a_409(api, inserted_plain):
     first = api.post("/v1/verifications", json=body(), headers={"Idempotency-Key": "again"})
     repeat = api.post("/v1/verifications", json=body(), headers={"Idempotency-Key": "again"})
     other = api.post("/v1/verifications", json=body(artifact_sha256="e" * 64), headers={"Idempotency-Key": "again"})
     assert (first.status_code, repeat.status_code, other.status_code) == (202, 200, 409)
     assert repeat.json()["id"] == first.json()["id"]
+    assert inserted_plain == [first.json()["id"]]  # the repeats fell back to the ORM path, which answered them
 
 
-def test_a_submission_that_reads_first_is_not_plain(api):
+def test_a_submission_that_reads_first_is_not_plain(api, inserted_plain):
     """A callback's secret is read before its insert: the ORM path refuses it without one."""
     answer = api.post("/v1/verifications", json=body(callback_url="https://127.0.0.1:9/hook"))
     assert answer.status_code == 422
     assert "callback secret" in answer.json()["detail"]
+    assert inserted_plain == []
 
 
 def test_a_bad_token_on_the_driver_is_a_401(api):
@@ -99,17 +129,28 @@ def test_a_bad_token_on_the_driver_is_a_401(api):
 
 
 def test_a_connection_the_driver_broke_is_an_operational_error_and_is_not_pooled_again(pg):
-    async def scenario() -> list[int]:
+    """A lost connection is SQLAlchemy's OperationalError (the API's 503), and neither it nor the pool's other
+    connections, which a failover may have lost as silently, is lent again."""
+    async def scenario() -> set[int]:
         engine = make_async_engine(pg)
         try:
+            async with driver.borrowed(engine) as first, driver.borrowed(engine) as second:
+                pids = {(await (await c.execute("SELECT pg_backend_pid()")).fetchone())[0] for c in (first, second)}
             with pytest.raises(db_errors.OperationalError):
                 async with driver.borrowed(engine) as connection:
                     await connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
-            async with driver.borrowed(engine) as connection:  # a new connection, not the dead one
-                return [row[0] for row in await (await connection.execute("SELECT 1")).fetchall()]
+            async with driver.borrowed(engine) as first, driver.borrowed(engine) as second:
+                return pids & {(await (await c.execute("SELECT pg_backend_pid()")).fetchone())[0]
+                               for c in (first, second)}
         finally:
             await engine.dispose()
-    assert asyncio.run(scenario()) == [1]
+    assert asyncio.run(scenario()) == set()
+
+
+def test_a_json_column_given_none_is_json_null_as_sqlalchemy_writes_it():
+    statement = driver.compiled(select(Verification.id).where(Verification.progress == bindparam("progress")),
+                                Verification.__table__)
+    assert statement.parameters({"progress": None}) == {"progress": "null"}
 
 
 def test_a_borrowed_connection_goes_back_to_the_pool_out_of_autocommit(pg):
