@@ -106,6 +106,12 @@ SETS = {
         ("engine",),
         ("engine/gates/runtime/compute_noise.py", "engine/runtime/activation_rounding.py"),
         ("tests/unit/test_compute_noise.py",)),
+    "submission": MutationSet(  # the submission's statements on the driver, and what it writes (issue 34)
+        ("service",),
+        ("service/persistence/driver.py", "service/persistence/submission_insert.py"),
+        ("tests/service/test_submission_driver.py", "tests/service/test_api_latency.py",
+         "tests/service/test_submission_route.py", "tests/service/test_database_reconnect.py"),
+        test_timeout_s=60),  # Postgres: CONVGATE_TEST_PG, as for the suite
     "scale-gates": MutationSet(  # integration tests only: hours on 2 cores
         ("engine",),
         ("engine/gates/storage/value_checks.py", "engine/gates/storage/parts.py", "engine/runtime/streamed_model.py"),

@@ -10,12 +10,12 @@ from typing import Annotated
 
 import anyio
 from fastapi import Depends, HTTPException, Request, status
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from service.auth import Role, digest
 from service.config import Settings
-from service.persistence import tokens
+from service.persistence import driver, tokens
 from service.persistence.db import read_first
 
 
@@ -63,6 +63,15 @@ def principal_by_digest(session: Session, token_sha256: str | None) -> Principal
     if not token_sha256:
         return None
     found = read_first(session, lambda reader: tokens.active_name_and_role(reader, token_sha256))
+    return None if found is None else Principal(found[0], Role(found[1]))
+
+
+async def principal_on_driver(engine: AsyncEngine, secret: str | None) -> Principal | None:
+    """`principal_for` on Postgres's driver (`service.persistence.driver`): the same statement, no session."""
+    if not secret:
+        return None
+    async with driver.borrowed(engine) as connection:
+        found = await tokens.active_name_and_role_on_driver(connection, digest(secret))
     return None if found is None else Principal(found[0], Role(found[1]))
 
 

@@ -35,11 +35,11 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import verifications
-from service.api.deps import Principal, admitted, bearer, principal_for
+from service.api.deps import Principal, admitted, bearer, principal_for, principal_on_driver
 from service.api.errors import ERRORS
-from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT, Role, digest
+from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT
 from service.config import Settings
-from service.persistence import driver, tokens
+from service.persistence import driver
 from service.persistence.db import factory_clock
 from service.schemas import PRINTABLE, SubmitRequest, VerificationOut
 
@@ -137,11 +137,7 @@ async def _caller(request: Request, on_driver: bool) -> Principal | None:
     driver, or in an async session of its own (on SQLite a deferred read that takes no write lock)."""
     secret = bearer(request)
     if on_driver:
-        if not secret:
-            return None
-        async with driver.borrowed(request.app.state.async_engine) as connection:
-            found = await tokens.active_name_and_role_on_driver(connection, digest(secret))
-        return None if found is None else Principal(found[0], Role(found[1]))
+        return await principal_on_driver(request.app.state.async_engine, secret)
     async with request.app.state.async_session_factory() as session:
         try:
             return await session.run_sync(principal_for, secret)
