@@ -69,32 +69,18 @@ def _resolve_policy(settings: Settings, requested: str | Policy, may_author: boo
 # dump) for every submission held to it was 12% of a submission's CPU. The policy itself is kept beside them,
 # so its id is never reused for another object. The stored form is shared by every submission held to that
 # policy: it is only ever serialised into a row, never changed.
-_CONFIGURED: dict[int, tuple[Policy, StoredPolicy]] = {}
+_CONFIGURED: dict[int, tuple[Policy, str, dict[str, Any]]] = {}
 
 
-@dataclass(frozen=True)
-class StoredPolicy:
-    """A policy as a row holds it: its hash, its JSON form, and that form's text (what the driver's insert
-    binds: encoding it per submission was 5% of one on the driver)."""
-    sha256: str
-    dumped: dict[str, Any]
-    text: str
-
-
-def _stored(policy: Policy, origin: str) -> StoredPolicy:
-    """`policy.sha256()` and `policy.model_dump(mode="json")` (and its text), remembered for configured
-    policies (an inline one is new with every request)."""
+def _stored(policy: Policy, origin: str) -> tuple[str, dict[str, Any]]:
+    """`policy.sha256()` and `policy.model_dump(mode="json")`, remembered for configured policies (an inline
+    one is new with every request)."""
     if origin == "inline":
-        return _dumped(policy)
+        return policy.sha256(), policy.model_dump(mode="json")
     known = _CONFIGURED.get(id(policy))
     if known is None or known[0] is not policy:
-        known = _CONFIGURED[id(policy)] = (policy, _dumped(policy))
-    return known[1]
-
-
-def _dumped(policy: Policy) -> StoredPolicy:
-    dumped = policy.model_dump(mode="json")
-    return StoredPolicy(policy.sha256(), dumped, json.dumps(dumped))
+        known = _CONFIGURED[id(policy)] = (policy, policy.sha256(), policy.model_dump(mode="json"))
+    return known[1], known[2]
 
 
 def _inline(requested: Policy) -> Policy:
@@ -183,7 +169,6 @@ class Prepared:
     fresh: bool
     callback_url: str | None
     reuse_key: str | None
-    policy_text: str  # the policy column's JSON text
     columns: dict[str, Any]  # repository.new_row's keywords, but the callback's and the reuse key
 
 
@@ -202,8 +187,7 @@ def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_
         request["trusted_signers"] = list(admitted.trusted_signers)  # the operator's, fixed now like the policy
     if body.callback_url is not None:
         request["callback_url"] = redact_uri(body.callback_url)  # the full URL is its column, never shown
-    stored_policy = _stored(policy, policy_origin)
-    policy_sha256 = stored_policy.sha256
+    policy_sha256, stored_policy = _stored(policy, policy_origin)
     # What an Idempotency-Key stands for: the request with its URIs as sent, secrets included (the
     # originals under fetch_uris, kept in the same row), so a repeat that carries a new presigned URL is a
     # 409 rather than the first verification, which would fetch with the old one. A request without
@@ -213,9 +197,9 @@ def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_
     if admitted.gate1_shards > 1:
         request["shards"] = admitted.gate1_shards  # a deployment choice, not what was asked: outside the identity
     return Prepared(submitter, idempotency_key, body.fresh, body.callback_url,
-                    reuse.reuse_key(settings, request, policy_sha256), stored_policy.text,
+                    reuse.reuse_key(settings, request, policy_sha256),
                     dict(submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
-                         request=request, policy=stored_policy.dumped, policy_sha256=policy_sha256,
+                         request=request, policy=stored_policy, policy_sha256=policy_sha256,
                          max_attempts=settings.max_attempts, policy_origin=policy_origin))
 
 
@@ -257,7 +241,7 @@ async def insert_plain(connection: psycopg.AsyncConnection[Any], prepared: Prepa
     """A `plain` submission stored by its one statement on the driver (Postgres, `driver.borrowed`), as
     `store` would store it; None when its key was used before (`store` then answers it, 200 or 409)."""
     row = repository.new_row(moment, reuse_key=prepared.reuse_key, **prepared.columns)
-    if not await submission_insert.insert_queued_on_driver(connection, row, policy=prepared.policy_text):
+    if not await submission_insert.insert_queued_on_driver(connection, row):
         return None
     return Verification(**row)
 

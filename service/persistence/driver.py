@@ -13,7 +13,6 @@ does when its own execution loses one (a failover's silent peers would otherwise
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 from collections.abc import AsyncIterator, Mapping
@@ -39,11 +38,7 @@ _DIALECT = psycopg_dialect.dialect()
 def available(engine: AsyncEngine) -> bool:
     """Whether `engine`'s statements can run on the driver here: Postgres through psycopg (SQLite keeps
     SQLAlchemy's execution, whose transactions fence its single writer)."""
-    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
-
-
-class JsonText(str):
-    """A JSON column's value already encoded (a policy shared by every submission held to it)."""
+    return engine.dialect.name == "postgresql"  # make_async_engine's Postgres driver is psycopg
 
 
 @dataclass(frozen=True)
@@ -56,15 +51,12 @@ class Compiled:
     json_parameters: frozenset[str]
 
     def parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """`values` as psycopg binds them: JSON columns as their text, an enumeration as its value."""
+        """`values` as psycopg binds them: JSON columns as their text (None too: JSON's null, as SQLAlchemy's
+        JSON type writes it). The rest as they are: a state or reason is a StrEnum, which psycopg binds as
+        the string it is."""
         bound = dict(self.fixed)
         for name, value in values.items():
-            if isinstance(value, JsonText):
-                bound[name] = str(value)
-            elif name in self.json_parameters:
-                bound[name] = json.dumps(value)  # None too: JSON's null, as SQLAlchemy's JSON type writes it
-            else:
-                bound[name] = value.value if isinstance(value, enum.Enum) else value
+            bound[name] = json.dumps(value) if name in self.json_parameters else value
         return bound
 
 
@@ -116,10 +108,9 @@ async def _give_back(engine: AsyncEngine, pooled: PoolProxiedConnection,
 
 
 def _as_sqlalchemy(exc: psycopg.Error, *, invalidated: bool) -> BaseException:
-    """`exc` as SQLAlchemy raises a driver's error (OperationalError, IntegrityError, ...), parameters hidden:
-    a submission's carry the URIs it names."""
-    return DBAPIError.instance(None, None, exc, psycopg.Error, hide_parameters=True,
-                               connection_invalidated=invalidated, dialect=_DIALECT)
+    """`exc` as SQLAlchemy raises a driver's error (OperationalError, IntegrityError, ...), with no statement
+    or parameters attached: a submission's carry the URIs it names."""
+    return DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=invalidated)
 
 
 async def first_row(connection: psycopg.AsyncConnection[Any], statement: Compiled,

@@ -36,18 +36,17 @@ def insert_queued(session: Session, row: dict[str, Any]) -> bool:
         return connection.scalar(_with_event(tuple(sorted(row))), row) is not None
     if connection.scalar(_SQLITE_UNLESS_KNOWN, row) is None:
         return False
-    connection.execute(_SQLITE_EVENT, {"verification_id": row["id"], "at": row["created_at"], "from_state": None,
+    connection.execute(_SQLITE_EVENT, {"verification_id": row["id"], "at": row["created_at"],  # from no state
                                     "to_state": State.QUEUED, "attempt": 0, "message": "submitted",
                                     "reason_code": Reason.SUBMITTED})
     return True
 
 
-async def insert_queued_on_driver(connection: psycopg.AsyncConnection[Any], row: dict[str, Any], *,
-                                  policy: str) -> bool:
+async def insert_queued_on_driver(connection: psycopg.AsyncConnection[Any], row: dict[str, Any]) -> bool:
     """`insert_queued` on Postgres, on a connection `driver.borrowed` lent: the same one statement, committed
-    when it returns (the connection is in autocommit). `policy`: the text of `row`'s policy, encoded once."""
+    when it returns (the connection is in autocommit)."""
     statement = driver.compiled(_with_event(tuple(sorted(row))), _VERIFICATIONS)
-    return await driver.first_row(connection, statement, row | {"policy": driver.JsonText(policy)}) is not None
+    return await driver.first_row(connection, statement, row) is not None
 
 
 @functools.cache  # one statement per set of columns written (optional ones are left out when unset)

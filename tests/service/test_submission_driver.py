@@ -153,6 +153,21 @@ def test_a_json_column_given_none_is_json_null_as_sqlalchemy_writes_it():
     assert statement.parameters({"progress": None}) == {"progress": "null"}
 
 
+def test_a_borrowed_connection_is_given_back_and_lent_again(pg):
+    """A healthy connection goes back to the pool, not closed: the next borrow is the same backend."""
+    async def scenario() -> set[int]:
+        engine = make_async_engine(pg)
+        try:
+            pids = set()
+            for _ in range(3):
+                async with driver.borrowed(engine) as connection:
+                    pids.add((await (await connection.execute("SELECT pg_backend_pid()")).fetchone())[0])
+            return pids
+        finally:
+            await engine.dispose()
+    assert len(asyncio.run(scenario())) == 1
+
+
 def test_a_borrowed_connection_goes_back_to_the_pool_out_of_autocommit(pg):
     """After the driver's autocommit, SQLAlchemy's transactions on the same pooled connection still roll back."""
     async def scenario() -> int:
