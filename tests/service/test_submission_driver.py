@@ -136,9 +136,10 @@ def test_a_connection_the_driver_broke_is_an_operational_error_and_is_not_pooled
         try:
             async with driver.borrowed(engine) as first, driver.borrowed(engine) as second:
                 pids = {(await (await c.execute("SELECT pg_backend_pid()")).fetchone())[0] for c in (first, second)}
-            with pytest.raises(db_errors.OperationalError):
+            with pytest.raises(db_errors.OperationalError) as lost:
                 async with driver.borrowed(engine) as connection:
                     await connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            assert lost.value.connection_invalidated  # as SQLAlchemy marks a disconnect its execution saw
             async with driver.borrowed(engine) as first, driver.borrowed(engine) as second:
                 return pids & {(await (await c.execute("SELECT pg_backend_pid()")).fetchone())[0]
                                for c in (first, second)}
