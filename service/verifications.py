@@ -164,12 +164,19 @@ def _signed(body: SubmitRequest) -> bool:
 class Prepared:
     """A submission's columns as its insert writes them, worked out before any database read: what `store`
     and the driver's plain insert (`insert_plain`) both write."""
-    submitter: str
-    idempotency_key: str | None
     fresh: bool
     callback_url: str | None
     reuse_key: str | None
     columns: dict[str, Any]  # repository.new_row's keywords, but the callback's and the reuse key
+
+    @property
+    def submitter(self) -> str:
+        return str(self.columns["submitted_by"])
+
+    @property
+    def idempotency_key(self) -> str | None:
+        key: str | None = self.columns["idempotency_key"]
+        return key
 
 
 def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_key: str | None) -> Prepared:
@@ -196,7 +203,7 @@ def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_
                                                sort_keys=True).encode()).hexdigest()
     if admitted.gate1_shards > 1:
         request["shards"] = admitted.gate1_shards  # a deployment choice, not what was asked: outside the identity
-    return Prepared(submitter, idempotency_key, body.fresh, body.callback_url,
+    return Prepared(body.fresh, body.callback_url,
                     reuse.reuse_key(settings, request, policy_sha256),
                     dict(submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
                          request=request, policy=stored_policy, policy_sha256=policy_sha256,

@@ -62,8 +62,7 @@ def principal_for(session: Session, secret: str | None) -> Principal | None:
 def principal_by_digest(session: Session, token_sha256: str | None) -> Principal | None:
     if not token_sha256:
         return None
-    found = read_first(session, lambda reader: tokens.active_name_and_role(reader, token_sha256))
-    return None if found is None else Principal(found[0], Role(found[1]))
+    return _principal(read_first(session, lambda reader: tokens.active_name_and_role(reader, token_sha256)))
 
 
 async def principal_on_driver(engine: AsyncEngine, secret: str | None) -> Principal | None:
@@ -71,7 +70,11 @@ async def principal_on_driver(engine: AsyncEngine, secret: str | None) -> Princi
     if not secret:
         return None
     async with driver.borrowed(engine) as connection:
-        found = await tokens.active_name_and_role_on_driver(connection, digest(secret))
+        return _principal(await tokens.active_name_and_role_on_driver(connection, digest(secret)))
+
+
+def _principal(found: tuple[str, str] | None) -> Principal | None:
+    """The principal an active token's (name, role) names."""
     return None if found is None else Principal(found[0], Role(found[1]))
 
 

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import verifications
-from service.api.deps import Principal, admitted, bearer, principal_for, principal_on_driver
+from service.api.deps import Principal, admitted, bearer, get_caller, principal_on_driver
 from service.api.errors import ERRORS
 from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT
 from service.config import Settings
@@ -135,15 +135,9 @@ async def create_verification(request: Request) -> Response:
 async def _caller(request: Request, on_driver: bool) -> Principal | None:
     """The bearer token's principal, read before anything else is looked at and ended before the work: on the
     driver, or in an async session of its own (on SQLite a deferred read that takes no write lock)."""
-    secret = bearer(request)
     if on_driver:
-        return await principal_on_driver(request.app.state.async_engine, secret)
-    async with request.app.state.async_session_factory() as session:
-        try:
-            return await session.run_sync(principal_for, secret)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await session.close()
+        return await principal_on_driver(request.app.state.async_engine, bearer(request))
+    return await get_caller(request)
 
 
 def _store(session: Session, prepared: verifications.Prepared, settings: Settings,

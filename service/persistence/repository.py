@@ -44,8 +44,8 @@ def _event(session: Session, verification_id: str, from_state: str | None, to_st
 
 
 def new_row(moment: datetime, *, submitted_by: str, idempotency_key: str | None, request_sha256: str,
-             request: dict[str, Any], policy: dict[str, Any], policy_sha256: str, max_attempts: int,
-             policy_origin: str | None = None, **optional: Any) -> dict[str, Any]:
+            request: dict[str, Any], policy: dict[str, Any], policy_sha256: str, max_attempts: int,
+            policy_origin: str | None = None, **optional: Any) -> dict[str, Any]:
     """A queued verification's columns, every one its insert writes (no default is left to SQLAlchemy, so
     the same row serves the driver's execution of the statement too); its id is made here. `optional`: the
     reuse key and the callback's columns (revision 0009), written only when given."""
