@@ -112,6 +112,13 @@ SETS = {
         ("tests/service/test_submission_driver.py", "tests/service/test_api_latency.py",
          "tests/service/test_submission_route.py", "tests/service/test_database_reconnect.py"),
         test_timeout_s=60),  # Postgres: CONVGATE_TEST_PG, as for the suite
+    "listing": MutationSet(  # the auditor's page: its filters, its driver statement and access-log row (issue 34)
+        ("service",),
+        ("service/persistence/listing.py", "service/api/declared.py"),
+        ("tests/service/test_listing_driver.py", "tests/service/test_list_route.py",
+         "tests/service/test_lifecycle_queries.py", "tests/service/test_access_log.py",
+         "tests/service/test_exports.py", "tests/service/test_api_latency.py"),
+        test_timeout_s=60),
     "scale-gates": MutationSet(  # integration tests only: hours on 2 cores
         ("engine",),
         ("engine/gates/storage/value_checks.py", "engine/gates/storage/parts.py", "engine/runtime/streamed_model.py"),

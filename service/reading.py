@@ -7,20 +7,23 @@ codes, media types, the access log). The repository stays the only place that sp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
 from edge.redact import redact_uri
 from service.persistence import callbacks as callback_store
-from service.persistence import repository
+from service.persistence import listing, repository
 from service.persistence.clock import as_utc
+from service.persistence.listing import Listed, ListFilters
 from service.persistence.models import Verdict, Verification
-from service.persistence.repository import ListFilters
 from service.schemas import CallbackDeliveryOut, CallbacksOut, EventOut
 
-__all__ = ["ListFilters", "callbacks_of", "events_of", "page", "served_report", "verdict_of", "visible",
-           "with_verdict"]
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["ListFilters", "Listed", "callbacks_of", "events_of", "logged_page_on_driver", "page", "served_report",
+           "verdict_of", "visible", "with_verdict"]
 
 
 def visible(session: Session, verification_id: str, *, only_of: str | None) -> Verification | None:
@@ -42,7 +45,13 @@ def page(session: Session, filters: ListFilters, *, limit: int,
          cursor: str | None) -> tuple[list[Verification], str | None]:
     """Newest first; the cursor of the next page, when there is one (InvalidCursorError for a cursor
     this service did not make)."""
-    return repository.list_verifications(session, filters, limit=limit, cursor=cursor)
+    return listing.page(session, filters, limit=limit, cursor=cursor)
+
+
+async def logged_page_on_driver(connection: psycopg.AsyncConnection[Any], filters: ListFilters, *, limit: int,
+                                cursor: str | None, logged: dict[str, Any]) -> tuple[list[Listed], str | None]:
+    """`page` on Postgres's driver, its access-log row (`logged`) written by the same statement."""
+    return await listing.logged_page_on_driver(connection, filters, limit=limit, cursor=cursor, logged=logged)
 
 
 def verdict_of(session: Session, verification: Verification) -> Verdict | None:

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from engine.formats.gguf_split import shard_name
 from engine.gates.runtime.labelled_retrieval import LabelledSetDocument
 from engine.policy import Policy
+from service.lifecycle import State
 from service.persistence.clock import in_utc
 
 SHA256 = r"^[0-9a-f]{64}$"
@@ -184,6 +185,23 @@ class VerificationOut(BaseModel):
 class VerificationList(BaseModel):
     items: list[VerificationOut]
     next_cursor: str | None
+
+
+class ListQuery(BaseModel):
+    """GET /v1/verifications's query: the auditor's filters and the page (`service.api.declared`)."""
+
+    artifact_sha256: Annotated[str | None, Field(pattern=SHA256)] = None
+    source_uri: Annotated[str | None, Field(max_length=4096, pattern=PRINTABLE)] = None
+    verdict: Literal["GO", "NO-GO"] | None = None
+    state: State | None = None
+    submitted_by: Annotated[str | None, Field(max_length=128, pattern=PRINTABLE)] = None
+    policy_origin: Literal["configured", "inline", "unrecorded"] | None = Field(
+        None, description="configured: held to a policy the operator configured; inline: to a caller's own")
+    policy: str | None = Field(None, max_length=63, pattern=PRINTABLE, description="the name of a configured policy")
+    since: Moment | None = None
+    until: Moment | None = None
+    limit: int = Field(50, ge=1, le=500)
+    cursor: Annotated[str | None, Field(max_length=256)] = None
 
 
 class AccessLogEntry(BaseModel):

@@ -25,6 +25,7 @@ from service.config import INLINE_VERSION_PREFIX, Settings
 from service.fetching import stored_request, uri_policy
 from service.persistence import repository, submission_insert
 from service.persistence.clock import as_utc
+from service.persistence.listing import Listed
 from service.persistence.models import Verification
 from service.schemas import SubmitRequest, VerificationOut
 
@@ -270,6 +271,12 @@ def _shown(version: object) -> str | None:
     return None if version is None else safe_text(str(version))
 
 
+def _version(policy: object) -> object:
+    """The stored policy's version, when the stored policy is an object at all (a row a hand edit or an older
+    release left otherwise is shown without one, not answered with a 500)."""
+    return policy.get("version") if isinstance(policy, dict) else None
+
+
 def to_out(session: Session, verification: Verification, *, with_blockers: bool = True) -> VerificationOut:
     blockers = None
     if with_blockers and verification.verdict_result is not None:
@@ -283,7 +290,12 @@ def queued_out(verification: Verification) -> VerificationOut:
     return _out(verification, None)
 
 
-def _out(verification: Verification, blockers: list[str] | None) -> VerificationOut:
+def listed_out(row: Listed) -> VerificationOut:
+    """A verification as the list read it on the driver: the list shows no blockers (a page reads no verdict)."""
+    return _out(row, None)
+
+
+def _out(verification: Verification | Listed, blockers: list[str] | None) -> VerificationOut:
     base = f"/v1/verifications/{verification.id}"
     return VerificationOut(
         id=verification.id, state=verification.state, attempt=verification.attempt,
@@ -292,7 +304,7 @@ def _out(verification: Verification, blockers: list[str] | None) -> Verification
         source_uri=verification.source_uri, artifact_uri=verification.artifact_uri,
         artifact_sha256=verification.artifact_sha256, policy_sha256=verification.policy_sha256,
         policy_origin=verification.policy_origin or "unrecorded",
-        policy_version=_shown(verification.policy.get("version")),
+        policy_version=_shown(_version(verification.policy)),
         created_at=as_utc(verification.created_at), started_at=as_utc(verification.started_at),
         finished_at=as_utc(verification.finished_at), progress=verification.progress,
         reason=verification.reason, reason_code=verification.reason_code,

@@ -4,7 +4,8 @@ of work, so a read that failed is not recorded as done. Auditors and admins read
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy.orm import Session
@@ -14,7 +15,7 @@ from service.api.errors import ERRORS
 from service.api.units import json_response, one_trip
 from service.auth import AUDIT
 from service.persistence import access_log
-from service.persistence.clock import as_utc
+from service.persistence.clock import as_utc, now
 from service.persistence.cursors import decode_before_id, encode_before_id
 from service.persistence.db import writing
 from service.schemas import PRINTABLE, UUID_PATTERN, AccessLogEntry, AccessLogPage, Moment
@@ -27,13 +28,19 @@ router = APIRouter(prefix="/v1", responses=ERRORS)
 def record(session: Session, request: Request, principal: Principal, action: Action,
            verification_id: str | None = None) -> None:
     """Log one read, in the request's unit after what it read (`writing`: on SQLite the unit's read ends
-    and this row takes the write lock until the unit commits, in the same thread); `record_access` keeps
-    only the query values that hold no secret (a source_uri filter may carry a presigned URL, any other
-    parameter a pasted token)."""
+    and this row takes the write lock until the unit commits, in the same thread)."""
     writing(session)
-    access_log.record_access(session, principal=principal.name, role=principal.role.value, action=action,
-                             path=request.url.path, query=dict(request.query_params.items()),
-                             verification_id=verification_id)
+    access_log.record_access(session, entry(request, principal, action, now(session), verification_id))
+
+
+def entry(request: Request, principal: Principal, action: Action, at: datetime,
+          verification_id: str | None = None) -> dict[str, Any]:
+    """One read's row, for `record` or for a statement that writes it itself (`reading.logged_page_on_driver`):
+    `access_log.entry` keeps only the query values that hold no secret (a source_uri filter may carry a
+    presigned URL, any other parameter a pasted token)."""
+    return access_log.entry(at=at, principal=principal.name, role=principal.role.value, action=action,
+                            path=request.url.path, query=dict(request.query_params.items()),
+                            verification_id=verification_id)
 
 
 @router.get("/access-log", response_model=AccessLogPage)

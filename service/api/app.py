@@ -19,7 +19,7 @@ from sqlalchemy import exc as db_errors
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api import access_log, endpoints, errors, exports, pages_auditor, queue_page, submission
+from service.api import access_log, declared, endpoints, errors, exports, pages_auditor, queue_page, submission
 from service.api import attestations as attestation_endpoint
 from service.api.deps import admitted, bearer, principal_for
 from service.api.event_stream import StreamSlots
@@ -39,7 +39,7 @@ from service.persistence.db import (
     request_unit,
     session_factory,
 )
-from service.schemas import SubmitRequest
+from service.schemas import ListQuery, SubmitRequest
 from service.ticker import Ticker
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def create_app(settings: Settings, *, loops: Loops | None = None) -> FastAPI:
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     errors.install(app)
-    app.openapi = submission.documented(app, SubmitRequest)  # type: ignore[method-assign]
+    app.openapi = declared.documented(app, SubmitRequest, queries=(ListQuery,))  # type: ignore[method-assign]
     registry = make_registry(factory, pool=settings.concurrency if settings.dispatcher == "local" else None)
     app.state.http_metrics = http_metrics = HttpMetrics(registry)
     app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # outermost: every answer is timed

@@ -1,16 +1,14 @@
-"""Request dependencies and the caller: settings, the async session of the endpoints on the event loop,
-who a bearer token or the pages' cookie names. Nothing here holds a sync session: a request's sync database
-work is one unit in one pool thread (`service.api.units`)."""
+"""Request dependencies and the caller: settings, who a bearer token or the pages' cookie names. A lookup here
+ends before the request's work begins: that work is one unit in one pool thread (`service.api.units`), or
+the route's own on the event loop."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-import anyio
 from fastapi import Depends, HTTPException, Request, status
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from service.auth import Role, digest
@@ -18,25 +16,16 @@ from service.config import Settings
 from service.persistence import driver, tokens
 from service.persistence.db import read_first
 
+if TYPE_CHECKING:
+    import psycopg
+
 
 async def get_settings(request: Request) -> Settings:
     """Async, like every dependency here that does no I/O: a sync one costs a trip to a pool thread."""
     return request.app.state.settings
 
 
-async def get_async_session(request: Request) -> AsyncIterator[AsyncSession]:
-    """The unit of work of an endpoint that runs its ORM code on the event loop (`AsyncSession.run_sync`):
-    the endpoint commits; anything it left open is rolled back here. Never cancelled half-way."""
-    async with request.app.state.async_session_factory() as session:
-        try:
-            yield session
-        finally:
-            with anyio.CancelScope(shield=True):
-                await session.close()  # rolls back whatever was not committed
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-AsyncSessionDep = Annotated[AsyncSession, Depends(get_async_session)]
 
 
 @dataclass(frozen=True)
@@ -70,7 +59,14 @@ async def principal_on_driver(engine: AsyncEngine, secret: str | None) -> Princi
     if not secret:
         return None
     async with driver.borrowed(engine) as connection:
-        return _principal(await tokens.active_name_and_role_on_driver(connection, digest(secret)))
+        return await principal_on(connection, secret)
+
+
+async def principal_on(connection: psycopg.AsyncConnection[Any], secret: str | None) -> Principal | None:
+    """`principal_on_driver` on a connection the route already borrowed for its work."""
+    if not secret:
+        return None
+    return _principal(await tokens.active_name_and_role_on_driver(connection, digest(secret)))
 
 
 def _principal(found: tuple[str, str] | None) -> Principal | None:
@@ -96,23 +92,14 @@ def admitted(principal: Principal | None, roles: frozenset[Role]) -> Principal:
     return principal
 
 
-async def get_principal_on_loop(request: Request, session: AsyncSessionDep) -> Principal | None:
-    """The bearer token's principal for an endpoint on the async session, with no pool thread."""
-    return await session.run_sync(principal_for, bearer(request))
-
-
-def require_on_loop(roles: frozenset[Role]):
-    """A dependency that admits only `roles` (bearer header), for an endpoint on the async session (it
-    shares the endpoint's session and transaction): a bad token is a 401 before the body is looked at."""
-    async def check(principal: Annotated[Principal | None, Depends(get_principal_on_loop)]) -> Principal:
-        return admitted(principal, roles)
-    return Depends(check)
-
-
 async def get_caller(request: Request) -> Principal | None:
-    """The bearer token's principal, looked up on the loop in an async session of its own that is closed at
-    once: the request then does its work in one pool thread (`service.api.units`) holding no connection
-    while it waits for it. On the loop, so a bad token is a 401 before any parameter is looked at."""
+    """The bearer token's principal, looked up on the loop and ended before the work, which then holds no
+    connection while it waits (a pool thread, `service.api.units`): on Postgres on the driver
+    (`principal_on_driver`), on SQLite in an async session of its own, closed at once (a deferred read that
+    takes no write lock). On the loop, so a bad token is a 401 before any parameter is looked at."""
+    engine = request.app.state.async_engine
+    if driver.available(engine):
+        return await principal_on_driver(engine, bearer(request))
     async with request.app.state.async_session_factory() as session:
         return await session.run_sync(principal_for, bearer(request))
 

@@ -12,31 +12,29 @@ declarations did:
    the body or a header is looked at;
 3. the Idempotency-Key header and the body are validated by the same pydantic types (the body read as JSON
    only under a JSON media type, FastAPI's strict content type), and refused as FastAPI refuses them
-   (`RequestValidationError`, `loc` starting "header" or "body": one 422 shape for every route,
-   `service.api.errors`);
+   (`service.api.declared`);
 4. the submission is admitted, then stored and committed before the answer: on Postgres a plain one
    (`verifications.plain`) by its one INSERT on the driver, any other in an async session.
 
-The body's schema is still the API's: `openapi_extra` names SubmitRequest, which `documented` adds to the
-document's components.
+The body's schema is still the API's: `openapi_extra` names SubmitRequest, which `declared.documented` adds to
+the document's components.
 """
 
 from __future__ import annotations
 
 import email.message
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
-import anyio
-from fastapi import APIRouter, FastAPI, Request, Response, status
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from fastapi import APIRouter, Request, Response, status
+from pydantic import Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import verifications
-from service.api.deps import Principal, admitted, bearer, get_caller, principal_on_driver
+from service.api import declared
+from service.api.deps import Principal, admitted, get_caller
 from service.api.errors import ERRORS
+from service.api.units import on_loop
 from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT
 from service.config import Settings
 from service.persistence import driver
@@ -46,19 +44,12 @@ from service.schemas import PRINTABLE, SubmitRequest, VerificationOut
 router = APIRouter(prefix="/v1", responses=ERRORS)
 IDEMPOTENCY_KEY = "Idempotency-Key"
 _KEY_TEXT = TypeAdapter(Annotated[str, Field(max_length=200, pattern=PRINTABLE)])
-_SCHEMA_REF = "#/components/schemas/{model}"
 _DOCUMENTED = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "$ref": _SCHEMA_REF.format(model=SubmitRequest.__name__)}}}},
+        "$ref": declared.SCHEMA_REF.format(model=SubmitRequest.__name__)}}}},
     "parameters": [{"name": IDEMPOTENCY_KEY, "in": "header", "required": False, "schema": {
         "anyOf": [_KEY_TEXT.json_schema(), {"type": "null"}], "title": IDEMPOTENCY_KEY}}],
 }
-
-
-def _refused(where: str, exc: ValidationError, *prefix: str) -> RequestValidationError:
-    """`exc` as FastAPI's own refusal of a parameter: every error's location starts with `where`."""
-    return RequestValidationError([{**error, "loc": (where, *prefix, *error["loc"])}
-                                   for error in exc.errors(include_url=False)])
 
 
 def _declared_json(content_type: str | None) -> bool:
@@ -79,7 +70,7 @@ def _body(raw: bytes, content_type: str | None) -> SubmitRequest:
             return SubmitRequest.model_validate_json(raw)
         return SubmitRequest.model_validate(raw)  # bytes are not an object: refused as FastAPI refuses them
     except ValidationError as exc:
-        raise _refused("body", exc) from exc
+        raise declared.refused("body", exc) from exc
 
 
 def _idempotency_key(request: Request) -> str | None:
@@ -89,7 +80,7 @@ def _idempotency_key(request: Request) -> str | None:
     try:
         return _KEY_TEXT.validate_python(value)
     except ValidationError as exc:
-        raise _refused("header", exc, IDEMPOTENCY_KEY) from exc
+        raise declared.refused("header", exc, IDEMPOTENCY_KEY) from exc
 
 
 @router.post("/verifications", status_code=status.HTTP_202_ACCEPTED, response_model=VerificationOut,
@@ -107,7 +98,7 @@ async def create_verification(request: Request) -> Response:
     raw = await request.body()
     engine = request.app.state.async_engine
     on_driver = driver.available(engine)
-    principal = admitted(await _caller(request, on_driver), SUBMIT)
+    principal = admitted(await get_caller(request), SUBMIT)
     idempotency_key, body = _idempotency_key(request), _body(raw, request.headers.get("content-type"))
     may_author = principal.role in AUTHOR_POLICIES  # a refusal is its error's status and code (api/errors)
     if verifications.may_block(body):
@@ -121,23 +112,8 @@ async def create_verification(request: Request) -> Response:
             inserted = await verifications.insert_plain(connection, prepared, factory_clock(factory).now())
         if inserted is not None:
             return _answer(verifications.queued_out(inserted), created=True)
-    async with factory() as session:
-        try:
-            answer = await session.run_sync(_store, prepared, settings, principal)
-            # Committed here, before answering: concurrent duplicates wait on this row's unique-index lock.
-            await session.commit()
-            return answer
-        finally:
-            with anyio.CancelScope(shield=True):
-                await session.close()  # rolls back whatever was not committed
-
-
-async def _caller(request: Request, on_driver: bool) -> Principal | None:
-    """The bearer token's principal, read before anything else is looked at and ended before the work: on the
-    driver, or in an async session of its own (on SQLite a deferred read that takes no write lock)."""
-    if on_driver:
-        return await principal_on_driver(request.app.state.async_engine, bearer(request))
-    return await get_caller(request)
+    # Committed before answering: concurrent duplicates wait on this row's unique-index lock.
+    return await on_loop(request, _store, prepared, settings, principal)
 
 
 def _store(session: Session, prepared: verifications.Prepared, settings: Settings,
@@ -150,21 +126,3 @@ def _store(session: Session, prepared: verifications.Prepared, settings: Setting
 def _answer(out: VerificationOut, *, created: bool) -> Response:
     return Response(out.model_dump_json().encode(), status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
                     headers={"Location": f"/v1/verifications/{out.id}"}, media_type="application/json")
-
-
-def documented(app: FastAPI, *models: type[BaseModel]) -> Callable[[], dict[str, Any]]:
-    """The app's OpenAPI document with `models` (bodies a route validates itself) among its components."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            document = generate()
-            schemas = document.setdefault("components", {}).setdefault("schemas", {})
-            for model in models:
-                schema = model.model_json_schema(ref_template=_SCHEMA_REF, mode="validation")
-                for name, definition in schema.pop("$defs", {}).items():
-                    schemas.setdefault(name, definition)
-                schemas.setdefault(model.__name__, schema)
-            app.openapi_schema = document
-        return app.openapi_schema
-    return openapi

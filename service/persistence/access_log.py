@@ -13,7 +13,6 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from edge.redact import HIDDEN, redact_uri
-from service.persistence.clock import now
 from service.persistence.models import AccessLogRecord
 from service.persistence.repository import instant
 
@@ -49,12 +48,18 @@ def _kept_value(name: str, value: str) -> str:
     return value if shape is not None and shape.fullmatch(value) else HIDDEN
 
 
-def record_access(session: Session, *, principal: str, role: str, action: str, path: str,
-                  query: dict[str, str], verification_id: str | None = None) -> None:
-    """One INSERT, sent now (a failing write fails the read); nothing is read back, so no ORM object.
-    The query is stored through `redacted_query`, whoever calls."""
-    session.execute(_APPEND, {"at": now(session), "principal": principal, "role": role, "action": action,
-                              "verification_id": verification_id, "path": path, "query": redacted_query(query)})
+def record_access(session: Session, row: dict[str, Any]) -> None:
+    """One INSERT of `entry`'s row, sent now (a failing write fails the read); nothing is read back, so no
+    ORM object."""
+    session.execute(_APPEND, row)
+
+
+def entry(*, at: datetime, principal: str, role: str, action: str, path: str, query: dict[str, str],
+          verification_id: str | None = None) -> dict[str, Any]:
+    """One read's row as it is written, by the ORM unit or on the driver (`listing.logged_page_on_driver`):
+    its query kept through `redacted_query`, whoever writes it."""
+    return {"at": at, "principal": principal, "role": role, "action": action, "verification_id": verification_id,
+            "path": path, "query": redacted_query(query)}
 
 
 _APPEND = insert(AccessLogRecord)  # built once, executed with parameters

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import psycopg
-from sqlalchemy import JSON, Table
+from sqlalchemy import JSON
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util import greenlet_spawn
 
 if TYPE_CHECKING:
@@ -44,14 +45,14 @@ def available(engine: AsyncEngine) -> bool:
 @dataclass(frozen=True)
 class Compiled:
     """A Core statement as psycopg runs it: its SQL text, the values SQLAlchemy bound into it (its literals),
-    and which parameters are JSON columns (psycopg is given their text)."""
+    and which parameters are JSON-typed (psycopg is given their text)."""
 
     sql: str
     fixed: Mapping[str, Any]
     json_parameters: frozenset[str]
 
     def parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """`values` as psycopg binds them: JSON columns as their text (None too: JSON's null, as SQLAlchemy's
+        """`values` as psycopg binds them: JSON parameters as their text (None too: JSON's null, as SQLAlchemy's
         JSON type writes it). The rest as they are: a state or reason is a StrEnum, which psycopg binds as
         the string it is."""
         bound = dict(self.fixed)
@@ -60,14 +61,17 @@ class Compiled:
         return bound
 
 
-@functools.cache  # statements are module constants, or cached per set of columns by their builders
-def compiled(statement: ClauseElement, table: Table | None = None) -> Compiled:
-    """`statement` compiled once for psycopg; `table`: whose JSON columns its same-named parameters fill."""
-    result = statement.compile(dialect=_DIALECT)
-    json_columns = frozenset() if table is None else frozenset(
-        column.name for column in table.columns if isinstance(column.type, JSON))
+@functools.cache  # statements are module constants, or cached per shape by their builders
+def compiled(statement: ClauseElement) -> Compiled:
+    """`statement` compiled once for psycopg. Its JSON parameters are known by their type (a parameter compared
+    with, or written to, a JSON column takes the column's), not by their name: a filter named `policy` compares
+    a text column."""
+    result = cast(SQLCompiler, statement.compile(dialect=_DIALECT))
+    if result.escaped_bind_names:  # psycopg is given values by the names callers use, which must be in the SQL
+        raise ValueError(f"driver statements bind plain names only: {sorted(result.escaped_bind_names)}")
+    json_parameters = frozenset(name for name in result.params if isinstance(result.binds[name].type, JSON))
     fixed = {name: value for name, value in result.params.items() if value is not None}
-    return Compiled(str(result), fixed, json_columns)
+    return Compiled(str(result), fixed, json_parameters)
 
 
 @asynccontextmanager

@@ -19,8 +19,8 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from service.persistence.listing import Keyset, ListFilters, list_values, newest_first
 from service.persistence.models import Verdict, Verification
-from service.persistence.repository import ListFilters, list_conditions, older_than
 
 COLUMNS = (
     Verification.id, Verification.created_at, Verification.finished_at, Verdict.verdict,
@@ -34,7 +34,6 @@ COLUMNS = (
 # decoder failing in Python (a ValueError, as UnicodeDecodeError is).
 UNREADABLE = (DBAPIError, ValueError)
 
-Keyset = tuple[datetime, str]
 log = logging.getLogger(__name__)
 
 
@@ -48,11 +47,8 @@ class Unreadable:
 
 def _ordered(columns: Sequence[Any], filters: ListFilters, after: Keyset | None) -> Select[Any]:
     """`columns` of the verdicts under the filters after the keyset, in the list's order."""
-    conditions = list_conditions(filters)
-    if after is not None:
-        conditions += older_than(*after)
-    return (select(*columns).join(Verdict, Verdict.verification_id == Verification.id).where(*conditions)
-            .order_by(Verification.created_at.desc(), Verification.id.desc()))
+    return newest_first(select(*columns).join(Verdict, Verdict.verification_id == Verification.id),
+                        list_values(filters, after))
 
 
 def verdict_page(session: Session, filters: ListFilters, *, after: Keyset | None,

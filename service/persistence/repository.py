@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -16,7 +16,6 @@ from sqlalchemy.sql.elements import ColumnElement
 from service.lifecycle import ENDINGS, IN_FLIGHT, TRANSITIONS, Action, Guard, Reason, State
 from service.persistence import submission_insert
 from service.persistence.clock import as_utc, now
-from service.persistence.cursors import decode_verification_cursor, encode_verification_cursor
 from service.persistence.db import writing
 from service.persistence.models import (
     FileDigestRecord,
@@ -85,65 +84,6 @@ def get_verification(session: Session, verification_id: str) -> Verification | N
 def events(session: Session, verification_id: str) -> list[VerificationEvent]:
     return list(session.scalars(select(VerificationEvent).where(VerificationEvent.verification_id == verification_id)
                                 .order_by(VerificationEvent.id)))
-
-
-@dataclass(frozen=True)
-class ListFilters:
-    artifact_sha256: str | None = None
-    source_uri: str | None = None
-    verdict: str | None = None
-    state: str | None = None
-    submitted_by: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    policy_origin: str | None = None  # "configured" or "inline" (access log / policy origin, revision 0005)
-    policy: str | None = None  # a configured policy's name
-
-
-def encode_cursor(verification: Verification) -> str:
-    return encode_verification_cursor(as_utc(verification.created_at), verification.id)
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """Raises InvalidCursorError for a cursor this service did not issue."""
-    return decode_verification_cursor(cursor)
-
-
-def list_conditions(filters: ListFilters) -> list[Any]:
-    """The auditor filters as WHERE conditions: shared by the list and the export."""
-    conditions: list[Any] = []
-    for column, value in ((Verification.artifact_sha256, filters.artifact_sha256),
-                          (Verification.source_uri, filters.source_uri),
-                          (Verification.verdict_result, filters.verdict), (Verification.state, filters.state),
-                          (Verification.submitted_by, filters.submitted_by)):
-        if value is not None:
-            conditions.append(column == value)
-    if filters.since is not None:
-        conditions.append(Verification.created_at >= instant(filters.since))
-    if filters.until is not None:
-        conditions.append(Verification.created_at < instant(filters.until))
-    return conditions + policy_conditions(filters.policy_origin, filters.policy)
-
-
-def older_than(created: datetime, ident: str) -> list[ColumnElement[bool]]:
-    """Rows after (created, ident) in the newest-first (created_at, id) order: the list's and the export's
-    keyset condition. `created_at <= x` bounds the index range; the OR only sorts out the rows at x. (The
-    OR alone is a filter, not a range: Postgres then walks every newer row, page after page.)"""
-    return [Verification.created_at <= created,
-            or_(Verification.created_at < created, Verification.id < ident)]
-
-
-def list_verifications(session: Session, filters: ListFilters, *, limit: int,
-                       cursor: str | None = None) -> tuple[list[Verification], str | None]:
-    """Newest first, ordered by (created_at, id) so pages never skip or repeat a row."""
-    query = select(Verification)
-    conditions = list_conditions(filters)
-    if cursor is not None:
-        conditions += older_than(*decode_cursor(cursor))
-    query = query.where(*conditions).order_by(Verification.created_at.desc(), Verification.id.desc())
-    rows = list(session.scalars(query.limit(limit + 1)))
-    next_cursor = encode_cursor(rows[limit - 1]) if len(rows) > limit else None
-    return rows[:limit], next_cursor
 
 
 # --- the lifecycle: every state change is one conditional write (service/lifecycle.py) ---------
@@ -396,18 +336,3 @@ def oldest_queued(session: Session) -> Verification | None:
 def active(session: Session, limit: int = 100) -> list[Verification]:
     return list(session.scalars(select(Verification).where(Verification.state.in_(
         (State.QUEUED, State.DISPATCHED, State.RUNNING))).order_by(Verification.created_at).limit(limit)))
-
-
-# --- policy origin (revision 0005; the access log is access_log.py) ------------------------------
-
-def policy_conditions(origin: str | None, name: str | None) -> list[Any]:
-    """Auditor filters on `policy_origin`: "configured" (any configured policy) or "inline"; a name
-    selects one configured policy."""
-    conditions: list[Any] = []
-    if origin == "configured":
-        conditions.append(Verification.policy_origin.startswith("configured:", autoescape=True))
-    elif origin is not None:
-        conditions.append(Verification.policy_origin == origin)
-    if name is not None:
-        conditions.append(Verification.policy_origin == f"configured:{name}")
-    return conditions

@@ -45,7 +45,7 @@ def insert_queued(session: Session, row: dict[str, Any]) -> bool:
 async def insert_queued_on_driver(connection: psycopg.AsyncConnection[Any], row: dict[str, Any]) -> bool:
     """`insert_queued` on Postgres, on a connection `driver.borrowed` lent: the same one statement, committed
     when it returns (the connection is in autocommit)."""
-    statement = driver.compiled(_with_event(tuple(sorted(row))), _VERIFICATIONS)
+    statement = driver.compiled(_with_event(tuple(sorted(row))))
     return await driver.first_row(connection, statement, row) is not None
 
 

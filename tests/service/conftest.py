@@ -9,10 +9,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -77,6 +79,19 @@ def sqlite_url(tmp_path) -> str:
 # The service tests' configured default: the suite's policy without the labelled retrieval set (~30 s more
 # per MiniLM run), which the engine's own tests exercise (tests/integration/test_labelled_retrieval.py)
 SERVICE_POLICIES = {"default": Policy(labelled_retrieval=False)}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def api_per_role(request, tmp_path) -> Iterator[TestClient]:
+    """An API-only app on each database, a token per role (`tokens`, `names`) and its database `url`."""
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg")
+    app = create_app(settings_for(url, tmp_path, file_roots=(Path("/models"),)), loops=no_loops)
+    suffix = uuid.uuid4().hex[:6]
+    names = {role: f"{role.value}-{suffix}" for role in Role}
+    tokens = {role: add_token(url, role, names[role]) for role in Role}
+    with TestClient(app) as client:
+        client.tokens, client.names, client.url = tokens, names, url
+        yield client
 
 
 def settings_for(url: str, tmp_path, **overrides) -> Settings:

@@ -4,35 +4,23 @@ and admins through GET /v1/access-log. Run on SQLite and on Postgres."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 import sqlalchemy
-from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.persistence.access_log import AccessFilters, access_log
 from service.persistence.db import make_engine, session_factory, transaction
 from service.persistence.models import AccessLogRecord
-from tests.service.conftest import add_token, settings_for
 
 SHA = "a" * 64
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def api(request, tmp_path):
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg")
-    app = create_app(settings_for(url, tmp_path, file_roots=(Path("/models"),)), loops=no_loops)
-    suffix = uuid.uuid4().hex[:6]
-    names = {role: f"{role.value}-{suffix}" for role in Role}
-    tokens = {role: add_token(url, role, names[role]) for role in Role}
-    with TestClient(app) as client:
-        client.tokens, client.names, client.url = tokens, names, url
-        yield client
+@pytest.fixture
+def api(api_per_role):
+    return api_per_role
 
 
 def call(api, who: Role, path: str, **kwargs):

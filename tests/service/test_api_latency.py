@@ -61,6 +61,17 @@ def test_a_new_submission_is_one_statement_after_the_token_and_no_update(client,
     assert through_sqlalchemy == []
 
 
+def test_the_auditor_query_is_one_statement_after_the_token(client, monkeypatch):
+    """The page and its access-log row are one statement (a data-modifying WITH), on the driver."""
+    client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "listed"})
+    client.get("/v1/verifications", params={"artifact_sha256": BODY["artifact_sha256"]})
+    through_sqlalchemy, on_driver = _statements(client, monkeypatch)
+    response = client.get("/v1/verifications", params={"artifact_sha256": BODY["artifact_sha256"]})
+    assert response.status_code == 200 and len(response.json()["items"]) == 1
+    assert on_driver == ["SELECT", "WITH"]  # the token; the page and its access-log row
+    assert through_sqlalchemy == []
+
+
 def test_a_repeated_key_writes_nothing_and_answers_with_the_stored_row(client):
     first = client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "k"})
     again = client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "k"})

@@ -256,7 +256,7 @@ def test_the_export_streams_in_keyset_pages(api, monkeypatch):
 
     event.listen(engine, "before_cursor_execute", count)
     try:
-        from service.persistence.repository import ListFilters
+        from service.persistence.listing import ListFilters
 
         chunks = exports.verdict_chunks(api.factory, api.app.state.settings, ListFilters(), "jsonl",
                                         with_attestation=False)

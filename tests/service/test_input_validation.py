@@ -21,7 +21,7 @@ from engine.thresholds import RuntimeThresholds
 from service.api.app import create_app, no_loops
 from service.auth import Role
 from service.job import verify_request
-from service.persistence import repository
+from service.persistence import listing, repository
 from service.persistence.db import transaction
 from tests.service.conftest import add_token, settings_for
 from tests.service.seeding import seed
@@ -277,7 +277,7 @@ def test_since_and_until_are_instants_in_every_offset(database, tmp_path):
             before = client.get("/v1/verifications", params={"until": since}, headers=headers).json()["items"]
             assert [item["id"] for item in before] == [ids[1], ids[0]], (offset, since)
             with transaction(app.state.session_factory) as session:
-                rows, _ = repository.list_verifications(session, repository.ListFilters(
+                rows, _ = listing.page(session, listing.ListFilters(
                     since=datetime.fromisoformat(since), until=datetime.fromisoformat(until)), limit=10)
                 assert [row.id for row in rows] == [ids[3], ids[2]], offset
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text, update
 
 from service.lifecycle import Reason, State
-from service.persistence import repository, stats
+from service.persistence import listing, repository, stats
 from service.persistence.clock import SYSTEM_CLOCK, as_utc
 from service.persistence.db import transaction
 from service.persistence.models import Verification
@@ -60,14 +60,14 @@ def test_list_filters_and_pages_newest_first(factory):
     pages, cursor = [], None
     with factory() as session:  # (one session at a time: on SQLite it holds the write lock)
         while True:
-            rows, cursor = repository.list_verifications(session, repository.ListFilters(), limit=2, cursor=cursor)
+            rows, cursor = listing.page(session, listing.ListFilters(), limit=2, cursor=cursor)
             pages.append([r.id for r in rows])
             if cursor is None:
                 break
         assert pages == [[ids[4], ids[3]], [ids[2], ids[1]], [ids[0]]]
 
         def ids_for(**filters) -> list[str]:
-            return [r.id for r in repository.list_verifications(session, repository.ListFilters(**filters),
+            return [r.id for r in listing.page(session, listing.ListFilters(**filters),
                                                                 limit=10)[0]]
 
         assert ids_for(verdict="NO-GO") == [ids[0]]
@@ -78,8 +78,8 @@ def test_list_filters_and_pages_newest_first(factory):
         assert ids_for(since=middle) == [ids[4], ids[3], ids[2]]
         assert ids_for(until=middle) == [ids[1], ids[0]]
         assert stats.verdict_counts(session) == {"NO-GO": 1}
-        cursor = repository.encode_cursor(third)
-        assert repository.decode_cursor(cursor) == (as_utc(third.created_at), ids[3])
+        cursor = listing.encode_cursor(third)
+        assert listing.decode_cursor(cursor) == (as_utc(third.created_at), ids[3])
 
 
 def test_gate_durations_are_bucketed_in_sql(factory):
@@ -174,7 +174,7 @@ def test_same_moment_rows_are_ordered_by_id_and_paged_without_gaps(factory):
     seen, cursor = [], None
     with factory() as session:
         for _ in range(3):
-            rows, cursor = repository.list_verifications(session, repository.ListFilters(), limit=2, cursor=cursor)
+            rows, cursor = listing.page(session, listing.ListFilters(), limit=2, cursor=cursor)
             seen.append([r.id for r in rows])
             if cursor is None:
                 break
@@ -191,7 +191,7 @@ def test_policy_origin_filters(factory):
                             .values(policy_origin=origin))
     with factory() as session:
         def ids_for(**filters) -> set[str]:
-            return {r.id for r in repository.list_verifications(session, repository.ListFilters(**filters),
+            return {r.id for r in listing.page(session, listing.ListFilters(**filters),
                                                                 limit=10)[0]}
 
         assert ids_for(policy_origin="inline") == {ids[1]}
@@ -388,9 +388,9 @@ def test_a_later_page_is_an_index_range_on_postgres_not_a_rescan(pg):
             statements.append((statement, parameters))
 
     with pages() as session:
-        first, cursor = repository.list_verifications(session, repository.ListFilters(), limit=1)
+        first, cursor = listing.page(session, listing.ListFilters(), limit=1)
         event.listen(engine, "before_cursor_execute", capture)
-        second, _ = repository.list_verifications(session, repository.ListFilters(), limit=1, cursor=cursor)
+        second, _ = listing.page(session, listing.ListFilters(), limit=1, cursor=cursor)
         event.remove(engine, "before_cursor_execute", capture)
     assert {first[0].id, second[0].id} <= set(ids) and first[0].id != second[0].id
     (statement, parameters), = statements

@@ -149,8 +149,7 @@ def test_a_connection_the_driver_broke_is_an_operational_error_and_is_not_pooled
 
 
 def test_a_json_column_given_none_is_json_null_as_sqlalchemy_writes_it():
-    statement = driver.compiled(select(Verification.id).where(Verification.progress == bindparam("progress")),
-                                Verification.__table__)
+    statement = driver.compiled(select(Verification.id).where(Verification.progress == bindparam("progress")))
     assert statement.parameters({"progress": None}) == {"progress": "null"}
 
 
