@@ -23,7 +23,7 @@ from service import callbacks, reuse
 from service.attestations.oms import publisher_keys
 from service.config import INLINE_VERSION_PREFIX, Settings
 from service.fetching import stored_request, uri_policy
-from service.persistence import repository, submission_insert
+from service.persistence import driver, repository, submission_insert
 from service.persistence.clock import as_utc
 from service.persistence.listing import Listed
 from service.persistence.models import Verification
@@ -69,19 +69,34 @@ def _resolve_policy(settings: Settings, requested: str | Policy, may_author: boo
 # for the process's life, and dumping it (its serializer runs Python per field) and hashing it (a canonical JSON
 # dump) for every submission held to it was 12% of a submission's CPU. The policy itself is kept beside them,
 # so its id is never reused for another object. The stored form is shared by every submission held to that
-# policy: it is only ever serialised into a row, never changed.
-_CONFIGURED: dict[int, tuple[Policy, str, dict[str, Any]]] = {}
+# policy: it is only ever serialised into a row, never changed; its JSON text, which the driver binds
+# (`driver.JsonText`), is encoded once too.
+_CONFIGURED: dict[int, tuple[Policy, StoredPolicy]] = {}
 
 
-def _stored(policy: Policy, origin: str) -> tuple[str, dict[str, Any]]:
-    """`policy.sha256()` and `policy.model_dump(mode="json")`, remembered for configured policies (an inline
-    one is new with every request)."""
+@dataclass(frozen=True)
+class StoredPolicy:
+    """A policy as a row stores it: its hash, its JSON form and that form's text."""
+
+    sha256: str
+    value: dict[str, Any]
+    text: driver.JsonText
+
+
+def _stored(policy: Policy, origin: str) -> StoredPolicy:
+    """The policy's hash, JSON form and text, remembered for configured policies (an inline one is new with
+    every request)."""
     if origin == "inline":
-        return policy.sha256(), policy.model_dump(mode="json")
+        return _storing(policy)
     known = _CONFIGURED.get(id(policy))
     if known is None or known[0] is not policy:
-        known = _CONFIGURED[id(policy)] = (policy, policy.sha256(), policy.model_dump(mode="json"))
-    return known[1], known[2]
+        known = _CONFIGURED[id(policy)] = (policy, _storing(policy))
+    return known[1]
+
+
+def _storing(policy: Policy) -> StoredPolicy:
+    value = policy.model_dump(mode="json")
+    return StoredPolicy(policy.sha256(), value, driver.JsonText(json.dumps(value)))
 
 
 def _inline(requested: Policy) -> Policy:
@@ -169,6 +184,7 @@ class Prepared:
     callback_url: str | None
     reuse_key: str | None
     columns: dict[str, Any]  # repository.new_row's keywords, but the callback's and the reuse key
+    policy_text: driver.JsonText  # columns["policy"] as the driver binds it
 
     @property
     def submitter(self) -> str:
@@ -195,7 +211,8 @@ def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_
         request["trusted_signers"] = list(admitted.trusted_signers)  # the operator's, fixed now like the policy
     if body.callback_url is not None:
         request["callback_url"] = redact_uri(body.callback_url)  # the full URL is its column, never shown
-    policy_sha256, stored_policy = _stored(policy, policy_origin)
+    stored_policy = _stored(policy, policy_origin)
+    policy_sha256 = stored_policy.sha256
     # What an Idempotency-Key stands for: the request with its URIs as sent, secrets included (the
     # originals under fetch_uris, kept in the same row), so a repeat that carries a new presigned URL is a
     # 409 rather than the first verification, which would fetch with the old one. A request without
@@ -207,8 +224,8 @@ def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_
     return Prepared(body.fresh, body.callback_url,
                     reuse.reuse_key(settings, request, policy_sha256),
                     dict(submitted_by=submitter, idempotency_key=idempotency_key, request_sha256=request_sha256,
-                         request=request, policy=stored_policy, policy_sha256=policy_sha256,
-                         max_attempts=settings.max_attempts, policy_origin=policy_origin))
+                         request=request, policy=stored_policy.value, policy_sha256=policy_sha256,
+                         max_attempts=settings.max_attempts, policy_origin=policy_origin), stored_policy.text)
 
 
 def submit(session: Session, settings: Settings, submitter: str, admitted: Admitted,
@@ -245,13 +262,14 @@ def plain(prepared: Prepared) -> bool:
 
 
 async def insert_plain(connection: psycopg.AsyncConnection[Any], prepared: Prepared,
-                       moment: datetime) -> Verification | None:
+                       moment: datetime) -> dict[str, Any] | None:
     """A `plain` submission stored by its one statement on the driver (Postgres, `driver.borrowed`), as
-    `store` would store it; None when its key was used before (`store` then answers it, 200 or 409)."""
+    `store` would store it: the row written (`queued_out` answers it), or None when its key was used before
+    (`store` then answers it, 200 or 409)."""
     row = repository.new_row(moment, reuse_key=prepared.reuse_key, **prepared.columns)
-    if not await submission_insert.insert_queued_on_driver(connection, row):
+    if not await submission_insert.insert_queued_on_driver(connection, row | {"policy": prepared.policy_text}):
         return None
-    return Verification(**row)
+    return row
 
 
 def _same_request(existing: Verification, request_sha256: str) -> Verification:
@@ -285,9 +303,10 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
     return _out(verification, blockers)
 
 
-def queued_out(verification: Verification) -> VerificationOut:
-    """A verification just queued: it has no verdict, so there is nothing to read for its answer."""
-    return _out(verification, None)
+def queued_out(row: dict[str, Any]) -> VerificationOut:
+    """A verification just queued, from the row `insert_plain` wrote: it has no verdict, so there is nothing
+    to read for its answer, and no ORM object to make (that cost as much as rendering it)."""
+    return _out(Listed._make(row.get(column) for column in Listed._fields), None)
 
 
 def listed_out(row: Listed) -> VerificationOut:

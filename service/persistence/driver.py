@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 _DIALECT = psycopg_dialect.dialect()
 
 
+class JsonText(str):
+    """A JSON parameter's value already encoded as its text, bound as it is: a value every submission shares
+    (the configured policy, 3 KB of thresholds whose encoding cost a submission ~50 us) is encoded once."""
+
+
 def available(engine: AsyncEngine) -> bool:
     """Whether `engine`'s statements can run on the driver here: Postgres through psycopg (SQLite keeps
     SQLAlchemy's execution, whose transactions fence its single writer)."""
@@ -53,11 +58,12 @@ class Compiled:
 
     def parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """`values` as psycopg binds them: JSON parameters as their text (None too: JSON's null, as SQLAlchemy's
-        JSON type writes it). The rest as they are: a state or reason is a StrEnum, which psycopg binds as
-        the string it is."""
+        JSON type writes it; a `JsonText` is that text already). The rest as they are: a state or reason is a
+        StrEnum, which psycopg binds as the string it is."""
         bound = dict(self.fixed)
         for name, value in values.items():
-            bound[name] = json.dumps(value) if name in self.json_parameters else value
+            encode = name in self.json_parameters and not isinstance(value, JsonText)
+            bound[name] = json.dumps(value) if encode else value
         return bound
 
 

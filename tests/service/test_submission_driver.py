@@ -51,9 +51,9 @@ def inserted_plain(monkeypatch) -> list[str]:
     insert_plain = verifications.insert_plain
 
     async def spied(*args: Any, **kwargs: Any) -> Any:
-        verification = await insert_plain(*args, **kwargs)
-        ids.extend([] if verification is None else [verification.id])
-        return verification
+        row = await insert_plain(*args, **kwargs)
+        ids.extend([] if row is None else [row["id"]])
+        return row
 
     monkeypatch.setattr(verifications, "insert_plain", spied)
     return ids
@@ -214,3 +214,20 @@ def test_a_borrow_cancelled_mid_statement_gives_back_a_usable_connection(pg):
         finally:
             await engine.dispose()
     assert asyncio.run(scenario()) == ([1], 0)
+
+
+@pytest.mark.parametrize(("extra", "blocks"), [({"callback_url": "https://127.0.0.1:9/hook"}, True), ({}, False)],
+                         ids=["may-block", "pure"])
+def test_no_connection_is_held_while_a_submission_is_admitted_in_a_pool_thread(api, monkeypatch, extra, blocks):
+    """The token's connection carries on to the plain insert only when admission runs on the loop: one that
+    may block (DNS for a callback's host) waits for a pool thread with every connection given back."""
+    held: list[int] = []
+    admit = verifications.admit
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        held.append(api.app.state.async_engine.sync_engine.pool.checkedout())
+        return admit(*args, **kwargs)
+
+    monkeypatch.setattr(verifications, "admit", counted)
+    api.post("/v1/verifications", json=body(**extra))
+    assert held == [0 if blocks else 1]
