@@ -7,7 +7,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -179,7 +179,7 @@ def _signed(body: SubmitRequest) -> bool:
 @dataclass(frozen=True)
 class Prepared:
     """A submission's columns as its insert writes them, worked out before any database read: what `store`
-    and the driver's plain insert (`insert_plain`) both write."""
+    and the driver's plain insert (`insert_plain_by_token`) both write."""
     fresh: bool
     callback_url: str | None
     reuse_key: str | None
@@ -261,15 +261,32 @@ def plain(prepared: Prepared) -> bool:
     return prepared.callback_url is None and (prepared.reuse_key is None or prepared.fresh)
 
 
-async def insert_plain(connection: psycopg.AsyncConnection[Any], prepared: Prepared,
-                       moment: datetime) -> dict[str, Any] | None:
+# The submitter a submission is prepared with when its insert names its token's (`insert_plain_by_token`)
+BY_TOKEN = ""
+
+
+class Inserted(NamedTuple):
+    """What `insert_plain_by_token` found: the token's name and role, and the row written (None when its role
+    may not submit or its key was used before)."""
+
+    name: str
+    role: str
+    row: dict[str, Any] | None
+
+
+async def insert_plain_by_token(connection: psycopg.AsyncConnection[Any], prepared: Prepared, token_sha256: str,
+                                roles: frozenset[str], moment: datetime) -> Inserted | None:
     """A `plain` submission stored by its one statement on the driver (Postgres, `driver.borrowed`), as
-    `store` would store it: the row written (`queued_out` answers it), or None when its key was used before
-    (`store` then answers it, 200 or 409)."""
+    `store` would store it, by the active token `token_sha256` when its role is one of `roles`: the token is
+    looked up by the statement that writes the row, which names the token's holder as its submitter (one
+    round trip, not two; `submission_insert.insert_as_caller_on_driver`). None when no token is active by that
+    digest; else the row written (`queued_out` answers it) or None (`store` answers a used key: 200 or 409)."""
     row = repository.new_row(moment, reuse_key=prepared.reuse_key, **prepared.columns)
-    if not await submission_insert.insert_queued_on_driver(connection, row | {"policy": prepared.policy_text}):
+    found = await submission_insert.insert_as_caller_on_driver(
+        connection, row | {"policy": prepared.policy_text}, token_sha256, roles)
+    if found is None:
         return None
-    return row
+    return Inserted(found.name, found.role, row | {"submitted_by": found.name} if found.inserted else None)
 
 
 def _same_request(existing: Verification, request_sha256: str) -> Verification:
@@ -304,7 +321,7 @@ def to_out(session: Session, verification: Verification, *, with_blockers: bool 
 
 
 def queued_out(row: dict[str, Any]) -> VerificationOut:
-    """A verification just queued, from the row `insert_plain` wrote: it has no verdict, so there is nothing
+    """A verification just queued, from the row `insert_plain_by_token` wrote: it has no verdict, so there is nothing
     to read for its answer, and no ORM object to make (that cost as much as rendering it)."""
     return _out(Listed._make(row.get(column) for column in Listed._fields), None)
 

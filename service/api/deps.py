@@ -82,11 +82,16 @@ def ui_token_sha256(request: Request) -> str | None:
     return request.app.state.ui_sessions.token_sha256(cookie) if cookie else None
 
 
+def unauthenticated() -> HTTPException:
+    """The 401 of a request without a valid bearer token."""
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
+                         headers={"WWW-Authenticate": "Bearer"})
+
+
 def admitted(principal: Principal | None, roles: frozenset[Role]) -> Principal:
     """The caller when its role is one of `roles`: 401 without a valid token, 403 for another role."""
     if principal is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid bearer token",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise unauthenticated()
     if principal.role not in roles:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {principal.role} may not do this")
     return principal

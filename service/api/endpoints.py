@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service import callbacks, queue, reading, verifications
 from service.api import access_log, declared
-from service.api.deps import Principal, SettingsDep, admitted, bearer, caller, get_caller, principal_on
+from service.api.deps import Principal, SettingsDep, admitted, bearer, caller, get_caller, principal_on, unauthenticated
 from service.api.errors import ERRORS
 from service.api.event_stream import MEDIA_TYPE, event_stream
 from service.api.units import json_response, on_loop, one_trip
@@ -73,7 +73,7 @@ async def list_verifications(request: Request) -> Response:
         return await on_loop(request, _list_page, request, principal, _filters(query, principal), query.limit,
                              query.cursor)
     if not (secret := bearer(request)):
-        admitted(None, READ_OWN_OR_ANY)  # the 401, before any connection is taken for nothing to look up
+        raise unauthenticated()  # before any connection is taken for nothing to look up
     async with driver.borrowed(engine) as connection:
         principal = admitted(await principal_on(connection, secret), READ_OWN_OR_ANY)
         query = declared.query(ListQuery, request.query_params)

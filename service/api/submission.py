@@ -6,17 +6,17 @@ was 10% of a submission's CPU and opening a second session for the token twice t
 (`scripts/bench_api.py`, py-spy). So the endpoint takes the request and does, in this order, what the
 declarations did:
 
-1. the body is read (before any connection is taken: a slow upload holds none);
-2. the bearer token is looked up (on Postgres on the driver, `service.persistence.driver`, on the connection
-   the plain insert then uses; on SQLite in an async session of its own, closed at once): a bad token is a
-   401 before the body or a header is looked at;
-3. the Idempotency-Key header and the body are validated by the same pydantic types (the body read as JSON
+1. the body is read (before any connection is taken: a slow upload holds none), and a request without a
+   bearer token is a 401;
+2. the Idempotency-Key header and the body are validated by the same pydantic types (the body read as JSON
    only under a JSON media type, FastAPI's strict content type), and refused as FastAPI refuses them
-   (`service.api.declared`);
-4. the submission is admitted, then stored and committed before the answer: on Postgres a plain one
-   (`verifications.plain`) by its one INSERT on the driver, any other in an async session. No connection
-   is held while a pool thread is waited for: a submission whose admission may block gives its connection
-   back first.
+   (`service.api.declared`), but only once the token has been looked up: a bad token is a 401 first;
+3. the submission is admitted and stored, committed before the answer. On Postgres a plain one
+   (`verifications.plain`) that any role's caller would be admitted with is ONE statement on the driver
+   (`service.persistence.driver`), which looks the token up, checks its role and writes the row as its
+   holder's (`verifications.insert_plain_by_token`): one round trip where the token's own lookup was a
+   second. Any other has its token looked up first and is stored in an async session; no connection is held
+   while a pool thread is waited for (an admission that may block gives its connection back first).
 
 The body's schema is still the API's: `openapi_extra` names SubmitRequest, which `declared.documented` adds to
 the document's components.
@@ -29,16 +29,19 @@ import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from pydantic import Field, TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from engine.errors import ConvgateError
+from engine.policy import Policy
 from service import verifications
 from service.api import declared
-from service.api.deps import Principal, admitted, bearer, get_caller, principal_on
+from service.api.deps import Principal, admitted, bearer, get_caller, principal_on, unauthenticated
 from service.api.errors import ERRORS
 from service.api.units import on_loop
-from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT
+from service.auth import AUTHOR_POLICIES, OWN_ONLY, SUBMIT, Role, digest
 from service.config import Settings
 from service.persistence import driver
 from service.persistence.db import factory_clock
@@ -93,12 +96,13 @@ def _idempotency_key(request: Request) -> str | None:
                         409: {"model": ERRORS[400]["model"], "description": "Idempotency-Key used for another"}})
 async def create_verification(request: Request) -> Response:
     """The submission, on the event loop. Admitting a body that names a host or a file may block (DNS, a
-    mount): that, and only that, goes to a pool thread, with no connection held. On Postgres the token's
-    lookup and, for a submission whose storing is its insert alone (`verifications.plain`) and whose
-    admission does not block, that one statement run on one connection on the driver
-    (`service.persistence.driver`); any other, and every one on SQLite, is stored by its ORM code in the async
-    session's greenlet, which renders the answer's JSON there too (returning the model would have FastAPI
-    validate it again)."""
+    mount): that, and only that, goes to a pool thread, with no connection held. On Postgres a submission
+    whose storing is its insert alone (`verifications.plain`) and whose admission does not depend on the
+    caller's role is one statement on the driver (`service.persistence.driver`) that looks the token up and
+    writes the row as its holder's; a refusal of the body waits for the token's lookup, so a bad token is
+    still a 401 first. Any other, and every one on SQLite, has its token looked up first and is stored by
+    its ORM code in the async session's greenlet, which renders the answer's JSON there too (returning the
+    model would have FastAPI validate it again)."""
     raw = await request.body()
     engine = request.app.state.async_engine
     if not driver.available(engine):
@@ -106,20 +110,37 @@ async def create_verification(request: Request) -> Response:
         idempotency_key, body = _idempotency_key(request), _body(raw, request.headers.get("content-type"))
         return await _store_on_loop(request, principal, await _prepared(request, principal, body, idempotency_key))
     if not (secret := bearer(request)):
-        admitted(None, SUBMIT)  # the 401, before any connection is taken for nothing to look up
+        raise unauthenticated()  # before any connection is taken for nothing to look up
+    settings: Settings = request.app.state.settings
     async with driver.borrowed(engine) as connection:
-        principal = admitted(await principal_on(connection, secret), SUBMIT)
-        idempotency_key, body = _idempotency_key(request), _body(raw, request.headers.get("content-type"))
-        prepared: verifications.Prepared | None = None  # one whose admission may block: below, connection given back
-        if not verifications.may_block(body):
-            prepared = await _prepared(request, principal, body, idempotency_key)
-            if verifications.plain(prepared):  # committed when it returns: before the answer
-                clock = factory_clock(request.app.state.async_session_factory)
-                if (inserted := await verifications.insert_plain(connection, prepared, clock.now())) is not None:
-                    return _answer(verifications.queued_out(inserted), created=True)
-    if prepared is None:
-        prepared = await _prepared(request, principal, body, idempotency_key)
-    return await _store_on_loop(request, principal, prepared)
+        try:
+            idempotency_key, body = _idempotency_key(request), _body(raw, request.headers.get("content-type"))
+            submission = verifications.admit(settings, body) if _admitted_as_anyone(body) else None
+        except (RequestValidationError, ConvgateError):
+            admitted(await principal_on(connection, secret), SUBMIT)  # a bad token's 401 or 403 comes first
+            raise
+        prepared = None if submission is None else verifications.prepare(settings, verifications.BY_TOKEN,
+                                                                          submission, idempotency_key)
+        if prepared is not None and verifications.plain(prepared):  # committed when it returns: before the answer
+            clock = factory_clock(request.app.state.async_session_factory)
+            found = await verifications.insert_plain_by_token(connection, prepared, digest(secret), SUBMIT,
+                                                              clock.now())
+            principal = admitted(None if found is None else Principal(found.name, Role(found.role)), SUBMIT)
+            if found is not None and found.row is not None:
+                return _answer(verifications.queued_out(found.row), created=True)
+        else:
+            principal = admitted(await principal_on(connection, secret), SUBMIT)
+    # A used key (200 or 409), or a submission that reads first or is admitted by its role or in a pool thread
+    if submission is None:
+        return await _store_on_loop(request, principal, await _prepared(request, principal, body, idempotency_key))
+    return await _store_on_loop(request, principal, verifications.prepare(settings, principal.name, submission,
+                                                                          idempotency_key))
+
+
+def _admitted_as_anyone(body: SubmitRequest) -> bool:
+    """Whether `body` is admitted on the loop whatever the caller's role: no admission that may block (those go
+    to a pool thread, with no connection held) and no inline policy (whose author's role decides)."""
+    return not verifications.may_block(body) and not isinstance(body.policy, Policy)
 
 
 async def _prepared(request: Request, principal: Principal, body: SubmitRequest,

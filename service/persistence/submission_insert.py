@@ -3,20 +3,22 @@ submitter's idempotency key is taken. The hottest write the API makes, so it is 
 executed with parameters: on Postgres ONE statement (the event is inserted from the verification
 insert's RETURNING, in a CTE), which halved a submission's database CPU and wall time against an ORM
 insert plus a second INSERT (scripts/bench_api.py); SQLite cannot put an INSERT in a WITH, so two. The API
-runs the Postgres statement on the driver (`insert_queued_on_driver`, `service.persistence.driver`)."""
+runs the Postgres statement on the driver with the caller's token looked up in it (`insert_as_caller_on_driver`,
+`service.persistence.driver`)."""
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from sqlalchemy import Integer, String, Table, bindparam, insert, literal, null, select
+from sqlalchemy import Integer, Select, String, Table, bindparam, insert, literal, null, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.selectable import CTE
 
 from service.lifecycle import Reason, State
-from service.persistence import driver
+from service.persistence import driver, tokens
 from service.persistence.models import Verification, VerificationEvent
 
 if TYPE_CHECKING:
@@ -42,11 +44,35 @@ def insert_queued(session: Session, row: dict[str, Any]) -> bool:
     return True
 
 
-async def insert_queued_on_driver(connection: psycopg.AsyncConnection[Any], row: dict[str, Any]) -> bool:
-    """`insert_queued` on Postgres, on a connection `driver.borrowed` lent: the same one statement, committed
-    when it returns (the connection is in autocommit)."""
-    statement = driver.compiled(_with_event(tuple(sorted(row))))
-    return await driver.first_row(connection, statement, row) is not None
+class Caller(NamedTuple):
+    """What `insert_as_caller_on_driver` found: the token's name and role, and whether the row was written."""
+
+    name: str
+    role: str
+    inserted: bool
+
+
+async def insert_as_caller_on_driver(connection: psycopg.AsyncConnection[Any], row: dict[str, Any],
+                                     token_sha256: str, roles: frozenset[str]) -> Caller | None:
+    """`insert_queued` on Postgres, on a connection `driver.borrowed` lent, by the active token `token_sha256`:
+    the token is looked up by the statement that writes the row, which names its holder as the submitter
+    (`row`'s own `submitted_by` is not written), and only when its role is one of `roles`. None when no active
+    token has that digest; else its name, its role and whether the row was written (not when the role may not
+    submit, or the key was used). Committed when it returns (the connection is in autocommit)."""
+    statement = driver.compiled(_as_caller(tuple(sorted(set(row) - {"submitted_by"})), tuple(sorted(roles))))
+    found = await driver.first_row(connection, statement, row | {"token_sha256": token_sha256})
+    return None if found is None else Caller(found[0], found[1], found[2] is not None)
+
+
+@functools.cache  # per set of columns written and of roles admitted
+def _as_caller(columns: tuple[str, ...], roles: tuple[str, ...]) -> Select[Any]:
+    caller = tokens.NAME_AND_ROLE.cte("caller")
+    values = select(caller.c.name, *(bindparam(name, type_=_VERIFICATIONS.c[name].type) for name in columns)) \
+        .where(caller.c.role.in_([literal(role, String()) for role in roles]))
+    new = (postgresql.insert(_VERIFICATIONS).from_select(("submitted_by", *columns), values, include_defaults=False)
+           .on_conflict_do_nothing().returning(_VERIFICATIONS.c.id).cte("new"))
+    written = _event_of(new).cte("written")
+    return select(caller.c.name, caller.c.role, select(written.c.verification_id).scalar_subquery())
 
 
 @functools.cache  # one statement per set of columns written (optional ones are left out when unset)
@@ -54,6 +80,11 @@ def _with_event(columns: tuple[str, ...]) -> Insert:
     new = (postgresql.insert(_VERIFICATIONS)
            .values({name: bindparam(name, type_=_VERIFICATIONS.c[name].type) for name in columns})
            .on_conflict_do_nothing().returning(_VERIFICATIONS.c.id).cte("new"))
+    return _event_of(new)
+
+
+def _event_of(new: CTE) -> Insert:
+    """The "submitted" event of the verification the CTE `new` inserted (none when it inserted none)."""
     event = select(new.c.id, bindparam("created_at", type_=_EVENTS.c.at.type), null(),
                    literal(State.QUEUED.value, String()), literal(0, Integer()), literal("submitted", String()),
                    literal(Reason.SUBMITTED.value, String()))

@@ -31,18 +31,20 @@ def active_token(session: Session, token_sha256: str) -> ApiToken | None:
 def active_name_and_role(session: Session, token_sha256: str) -> tuple[str, str] | None:
     """What every request asks of its token: two columns, no ORM object to build (see active_token), run on
     the session's connection (the ORM's path for Core SQL cost, with the insert's, 4% of a submission's CPU)."""
-    row = session.connection().execute(_NAME_AND_ROLE, {"token_sha256": token_sha256}).first()
+    row = session.connection().execute(NAME_AND_ROLE, {"token_sha256": token_sha256}).first()
     return None if row is None else (row.name, row.role)
 
 
-_NAME_AND_ROLE = select(ApiToken.name, ApiToken.role).where(ApiToken.token_sha256 == bindparam("token_sha256"),
-                                                            ApiToken.revoked_at.is_(None))  # built once
+# An active token's name and role, by its digest (bound as "token_sha256"): what every request asks of its token,
+# and the caller a submission's insert on the driver names itself (`submission_insert`). Built once.
+NAME_AND_ROLE = select(ApiToken.name, ApiToken.role).where(ApiToken.token_sha256 == bindparam("token_sha256"),
+                                                           ApiToken.revoked_at.is_(None))
 
 
 async def active_name_and_role_on_driver(connection: psycopg.AsyncConnection[Any],
                                          token_sha256: str) -> tuple[str, str] | None:
     """`active_name_and_role` on a connection `driver.borrowed` lent (Postgres): the same statement."""
-    row = await driver.first_row(connection, driver.compiled(_NAME_AND_ROLE), {"token_sha256": token_sha256})
+    row = await driver.first_row(connection, driver.compiled(NAME_AND_ROLE), {"token_sha256": token_sha256})
     return None if row is None else (row[0], row[1])
 
 

@@ -1,5 +1,5 @@
 """On Postgres a plain submission is stored by its one statement on psycopg itself
-(`service.persistence.driver`, `verifications.insert_plain`): what it writes must be exactly what the ORM
+(`service.persistence.driver`, `verifications.insert_plain_by_token`): what it writes must be exactly what the ORM
 path writes, every other submission must still take that path, and the borrowed connection must go back to
 the pool as it was lent, or be discarded when the driver broke it."""
 
@@ -16,7 +16,7 @@ from sqlalchemy import exc as db_errors
 from service import verifications
 from service.api.app import create_app, no_loops
 from service.auth import Role
-from service.persistence import driver
+from service.persistence import driver, tokens
 from service.persistence.db import make_async_engine, make_engine, session_factory, transaction
 from service.persistence.models import Verification, VerificationEvent
 from tests.service.conftest import add_token, settings_for
@@ -46,16 +46,16 @@ def api(pg, tmp_path):
 
 @pytest.fixture
 def inserted_plain(monkeypatch) -> list[str]:
-    """The ids `verifications.insert_plain` stored: which submissions the driver wrote."""
+    """The ids `verifications.insert_plain_by_token` stored: which submissions the driver wrote."""
     ids: list[str] = []
-    insert_plain = verifications.insert_plain
+    insert_plain = verifications.insert_plain_by_token
 
     async def spied(*args: Any, **kwargs: Any) -> Any:
-        row = await insert_plain(*args, **kwargs)
-        ids.extend([] if row is None else [row["id"]])
-        return row
+        found = await insert_plain(*args, **kwargs)
+        ids.extend([] if found is None or found.row is None else [found.row["id"]])
+        return found
 
-    monkeypatch.setattr(verifications, "insert_plain", spied)
+    monkeypatch.setattr(verifications, "insert_plain_by_token", spied)
     return ids
 
 
@@ -231,3 +231,42 @@ def test_no_connection_is_held_while_a_submission_is_admitted_in_a_pool_thread(a
     monkeypatch.setattr(verifications, "admit", counted)
     api.post("/v1/verifications", json=body(**extra))
     assert held == [0 if blocks else 1]
+
+
+def revoked(url: str, role: Role) -> str:
+    secret = add_token(url, role, f"gone-{role.value}")
+    engine = make_engine(url)
+    with transaction(session_factory(engine)) as session:
+        assert tokens.revoke_token(session, f"gone-{role.value}")
+    engine.dispose()
+    return secret
+
+
+@pytest.mark.parametrize(("who", "status"), [("none", 401), ("revoked", 401), ("auditor", 403), ("operator", 403),
+                                             ("submitter", 202), ("policy-author", 202)])
+def test_the_one_statement_writes_only_for_an_active_token_whose_role_may_submit(api, pg, inserted_plain, who,
+                                                                                 status):
+    """The token is looked up by the statement that writes the row: a revoked token, or a role that may not
+    submit, writes nothing (the row is not there to read afterwards) and is the refusal it was before."""
+    secret = {"none": "not-a-token", "revoked": revoked(pg, Role.SUBMITTER)}.get(who) or add_token(pg, Role(who), who)
+    answer = api.post("/v1/verifications", json=body(), headers={"Authorization": f"Bearer {secret}"})
+    assert answer.status_code == status
+    engine = make_engine(pg)
+    with transaction(session_factory(engine)) as session:
+        written = session.scalars(select(Verification.submitted_by)).all()
+    engine.dispose()
+    assert written == ([who] if status == 202 else [])
+    assert inserted_plain == ([answer.json()["id"]] if status == 202 else [])
+    if status == 202:
+        assert answer.json()["submitted_by"] == who
+
+
+@pytest.mark.parametrize(("who", "status"), [("none", 401), ("auditor", 403), ("submitter", 422)])
+@pytest.mark.parametrize("refused", [{"artifact_sha256": "not-hex"}, {"policy": "no-such-policy"}],
+                         ids=["invalid-body", "refused-admission"])
+def test_a_refused_body_is_answered_after_the_token(api, pg, who, status, refused):
+    """The body is validated and admitted before the statement that looks the token up, but a refusal of it
+    waits for the token's lookup: a bad token is still a 401, and a role that may not submit a 403."""
+    secret = "not-a-token" if who == "none" else add_token(pg, Role(who), who)
+    answer = api.post("/v1/verifications", json=body(**refused), headers={"Authorization": f"Bearer {secret}"})
+    assert answer.status_code == status
