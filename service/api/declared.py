@@ -4,9 +4,10 @@ OpenAPI document.
 Why a route would: on the two busiest routes (the submission and the auditor's query) FastAPI's resolution of
 declared parameters and dependencies cost more CPU than the work they guard (scripts/bench_api.py, py-spy: a
 third of the auditor query's), and it runs before the endpoint, so the bearer token could not be looked up on
-the connection the work then uses. Those routes take the request, look the caller up first (a bad token is a
-401 before any parameter is looked at, as FastAPI's dependencies made it), and validate the rest with one
-pydantic model, refused as FastAPI refuses a parameter (`RequestValidationError`, `loc` starting "query",
+the connection the work then uses. Those routes take the request and validate the rest with one pydantic
+model, refused only once the caller has been looked up (a bad token is a 401, as FastAPI's dependencies made
+it, whatever else is wrong: the submission looks its token up in the statement that stores it, and a
+refusal waits for that lookup), as FastAPI refuses a parameter (`RequestValidationError`, `loc` starting "query",
 "header" or "body": one 422 shape for every route, `service.api.errors`)."""
 
 from __future__ import annotations

@@ -52,12 +52,12 @@ def _statements(client: TestClient, monkeypatch) -> tuple[list[str], list[str]]:
     return through_sqlalchemy, on_driver
 
 
-def test_a_new_submission_is_one_statement_after_the_token_and_no_update(client, monkeypatch):
+def test_a_new_submission_is_one_statement_with_its_token_and_no_update(client, monkeypatch):
     client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "warm"})
     through_sqlalchemy, on_driver = _statements(client, monkeypatch)
     response = client.post("/v1/verifications", json=BODY, headers={"Idempotency-Key": "new"})
     assert response.status_code == 202 and response.json()["policy_origin"] == "configured:default"
-    assert on_driver == ["SELECT", "WITH"]  # the token; the verification (or nothing) and its event, in one CTE
+    assert on_driver == ["WITH"]  # the token, the verification (or nothing) and its event: one statement
     assert through_sqlalchemy == []
 
 
