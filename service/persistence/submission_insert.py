@@ -15,7 +15,6 @@ from sqlalchemy import Integer, Select, String, Table, bindparam, insert, litera
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.selectable import CTE
 
 from service.lifecycle import Reason, State
 from service.persistence import driver, tokens
@@ -59,36 +58,32 @@ async def insert_as_caller_on_driver(connection: psycopg.AsyncConnection[Any], r
     (`row`'s own `submitted_by` is not written), and only when its role is one of `roles`. None when no active
     token has that digest; else its name, its role and whether the row was written (not when the role may not
     submit, or the key was used). Committed when it returns (the connection is in autocommit)."""
-    statement = driver.compiled(_as_caller(tuple(sorted(set(row) - {"submitted_by"})), tuple(sorted(roles))))
+    statement = driver.compiled(_with_event(tuple(sorted(set(row) - {"submitted_by"})), tuple(sorted(roles))))
     found = await driver.first_row(connection, statement, row | {"token_sha256": token_sha256})
     return None if found is None else Caller(found[0], found[1], found[2] is not None)
 
 
-@functools.cache  # per set of columns written and of roles admitted
-def _as_caller(columns: tuple[str, ...], roles: tuple[str, ...]) -> Select[Any]:
-    caller = tokens.NAME_AND_ROLE.cte("caller")
-    values = select(caller.c.name, *(bindparam(name, type_=_VERIFICATIONS.c[name].type) for name in columns)) \
-        .where(caller.c.role.in_([literal(role, String()) for role in roles]))
-    new = (postgresql.insert(_VERIFICATIONS).from_select(("submitted_by", *columns), values, include_defaults=False)
-           .on_conflict_do_nothing().returning(_VERIFICATIONS.c.id).cte("new"))
-    written = _event_of(new).cte("written")
-    return select(caller.c.name, caller.c.role, select(written.c.verification_id).scalar_subquery())
-
-
-@functools.cache  # one statement per set of columns written (optional ones are left out when unset)
-def _with_event(columns: tuple[str, ...]) -> Insert:
-    new = (postgresql.insert(_VERIFICATIONS)
-           .values({name: bindparam(name, type_=_VERIFICATIONS.c[name].type) for name in columns})
-           .on_conflict_do_nothing().returning(_VERIFICATIONS.c.id).cte("new"))
-    return _event_of(new)
-
-
-def _event_of(new: CTE) -> Insert:
-    """The "submitted" event of the verification the CTE `new` inserted (none when it inserted none)."""
+@functools.cache  # one statement per set of columns written (optional ones are left out when unset) and roles
+def _with_event(columns: tuple[str, ...], roles: tuple[str, ...] | None = None) -> Insert | Select[Any]:
+    """The verification and its event, in one statement. With `roles`, written by the caller: the active
+    token bound as "token_sha256" names the submitter, and is returned with whether it wrote (only when its
+    role is one of `roles`); the row's other columns are `columns`."""
+    values = [bindparam(name, type_=_VERIFICATIONS.c[name].type) for name in columns]
+    if roles is None:
+        verification = postgresql.insert(_VERIFICATIONS).values(dict(zip(columns, values, strict=True)))
+    else:
+        caller = tokens.NAME_AND_ROLE.cte("caller")
+        by_caller = select(caller.c.name, *values).where(caller.c.role.in_([literal(role, String()) for role in roles]))
+        verification = postgresql.insert(_VERIFICATIONS).from_select(("submitted_by", *columns), by_caller,
+                                                                      include_defaults=False)
+    new = verification.on_conflict_do_nothing().returning(_VERIFICATIONS.c.id).cte("new")
     event = select(new.c.id, bindparam("created_at", type_=_EVENTS.c.at.type), null(),
                    literal(State.QUEUED.value, String()), literal(0, Integer()), literal("submitted", String()),
                    literal(Reason.SUBMITTED.value, String()))
-    return insert(_EVENTS).from_select(_EVENT_COLUMNS, event).returning(_EVENTS.c.verification_id)
+    written = insert(_EVENTS).from_select(_EVENT_COLUMNS, event).returning(_EVENTS.c.verification_id)
+    if roles is None:
+        return written
+    return select(caller.c.name, caller.c.role, select(written.cte("written").c.verification_id).scalar_subquery())
 
 
 _SQLITE_UNLESS_KNOWN = sqlite.insert(_VERIFICATIONS).on_conflict_do_nothing().returning(_VERIFICATIONS.c.id)
