@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -194,6 +194,11 @@ class Prepared:
     def idempotency_key(self) -> str | None:
         key: str | None = self.columns["idempotency_key"]
         return key
+
+    def by(self, submitter: str) -> Prepared:
+        """The same submission as `submitter`'s: one prepared before its caller was known (`BY_TOKEN`) and
+        stored by the ORM after all (nothing else in it depends on who submitted it)."""
+        return replace(self, columns=self.columns | {"submitted_by": submitter})
 
 
 def prepare(settings: Settings, submitter: str, admitted: Admitted, idempotency_key: str | None) -> Prepared:

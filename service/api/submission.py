@@ -131,10 +131,9 @@ async def create_verification(request: Request) -> Response:
         else:
             principal = admitted(await principal_on(connection, secret), SUBMIT)
     # A used key (200 or 409), or a submission that reads first or is admitted by its role or in a pool thread
-    if submission is None:
+    if prepared is None:
         return await _store_on_loop(request, principal, await _prepared(request, principal, body, idempotency_key))
-    return await _store_on_loop(request, principal, verifications.prepare(settings, principal.name, submission,
-                                                                          idempotency_key))
+    return await _store_on_loop(request, principal, prepared.by(principal.name))
 
 
 def _admitted_as_anyone(body: SubmitRequest) -> bool:

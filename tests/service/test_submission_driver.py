@@ -270,3 +270,14 @@ def test_a_refused_body_is_answered_after_the_token(api, pg, who, status, refuse
     secret = "not-a-token" if who == "none" else add_token(pg, Role(who), who)
     answer = api.post("/v1/verifications", json=body(**refused), headers={"Authorization": f"Bearer {secret}"})
     assert answer.status_code == status
+
+
+def test_a_submission_with_an_earlier_verdict_to_look_for_is_stored_as_its_callers(pg, tmp_path, inserted_plain):
+    """A pinned submission to a local pool has a reuse key: prepared before its caller is known, it is not
+    plain, so the ORM stores it, as the token holder's."""
+    with client_for(pg, tmp_path, dispatcher="local") as api:
+        answer = api.post("/v1/verifications", json=body())
+    assert answer.status_code == 202
+    assert inserted_plain == []
+    assert answer.json()["submitted_by"] == "submitter-1"
+    assert stored(pg, answer.json()["id"])[0]["submitted_by"] == "submitter-1"
